@@ -1,0 +1,6 @@
+"""``python -m dpsynth``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""The Python API: resolve a method's config, load its dataset, plan its privacy budget."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable
+
+from .config import Config, build_config, parse_overrides
+from .data import Dataset, DatasetInfo, get_source, load_dataset
+from .errors import ConfigError
+from .methods import get_method
+from .privacy import ACCOUNTANTS, Accountant, budget_report, default_delta, plan_budget
+from .privacy.accountant import check_delta, check_epsilon
+
+
+class PrivacyWarning(UserWarning):
+    """A privacy setting that is legal but weaker than the field's conventions."""
+
+
+def resolve_config(
+    method: str,
+    *,
+    dataset: str | None = None,
+    epsilon: float | None = None,
+    preset: str | None = None,
+    data_dir: str | None = None,
+    overrides: Iterable[str] = (),
+) -> Config:
+    """The fully resolved config of ``method``: defaults, preset, then the given values and ``key=value``s."""
+    method_cls = get_method(method)
+    preset_name, preset_values = method_cls.preset(preset)
+    direct = [("dataset.name", dataset), ("dataset.data_dir", data_dir), ("privacy.epsilon", epsilon)]
+    pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides)
+    config = {"method": method, "preset": preset_name,
+              **build_config(method_cls.sections, preset_values, preset_name, pairs)}
+    validate_config(config)
+    return config
+
+
+def validate_config(config: Config) -> None:
+    """ConfigError / PrivacyError for values no run can use."""
+    privacy = config["privacy"]
+    if isinstance(privacy["epsilon"], bool) or not isinstance(privacy["epsilon"], (int, float)):
+        raise ConfigError(f"privacy.epsilon must be a number, got {privacy['epsilon']!r}")
+    check_epsilon(privacy["epsilon"])
+    if privacy["delta"] is not None:
+        check_delta(privacy["delta"])
+    if privacy["accountant"] not in ACCOUNTANTS:
+        raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, "
+                          f"got {privacy['accountant']!r}")
+    get_source(config["dataset"]["name"])
+
+
+def dataset_from_config(config: Config) -> Dataset:
+    """Load and split the dataset that ``config['dataset']`` describes."""
+    settings = config["dataset"]
+    return load_dataset(
+        settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
+        split_seed=settings["split_seed"], resolution=settings["resolution"], channels=settings["channels"],
+    )
+
+
+def resolve_delta(config: Config, num_train: int) -> float:
+    """privacy.delta, or 1 / (N ln N) when unset; warns when delta >= 1 / N."""
+    delta = config["privacy"]["delta"]
+    delta = default_delta(num_train) if delta is None else float(delta)
+    if delta >= 1.0 / num_train:
+        warnings.warn(f"delta = {delta:.3g} is not below 1/N = {1.0 / num_train:.3g} (N = {num_train}): "
+                      "a mechanism could then release a whole record with probability delta",
+                      PrivacyWarning, stacklevel=2)
+    return delta
+
+
+def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
+    """The run's privacy plan: each stage's noise (one calibrated) and share of the target epsilon."""
+    method = get_method(config["method"])(config)
+    delta = resolve_delta(config, info.num_train)
+    accountant = Accountant(config["privacy"]["accountant"])
+    target = float(config["privacy"]["epsilon"])
+    stages = plan_budget(method.privacy_stages(info), target, delta, accountant)
+    report = budget_report(stages, accountant, delta)
+    return {"target_epsilon": target, "dataset_size": info.num_train, **report}

@@ -1,0 +1,109 @@
+"""The ``dpsynth`` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any, Callable, Sequence
+
+from .api import dataset_from_config, plan_privacy, resolve_config
+from .config import build_config, parse_overrides
+from .data import DATASETS
+from .errors import DpsynthError
+from .methods import METHODS
+
+
+def _data_list(args: argparse.Namespace) -> None:
+    width = max(map(len, DATASETS))
+    for source in DATASETS.values():
+        print(f"{source.name:<{width}}  {source.description}\n{'':<{width}}  from: {source.location}")
+
+
+def _data_info(args: argparse.Namespace) -> None:
+    pairs = [("dataset.name", args.name)] + parse_overrides(args.set)
+    if args.data_dir:
+        pairs.append(("dataset.data_dir", args.data_dir))
+    dataset = dataset_from_config(build_config({}, {}, "none", pairs))
+    info = dataset.info
+    print(f"name:     {info.name}")
+    print(f"found at: {info.source}")
+    print(f"shape:    {info.channels} x {info.height} x {info.width} (C x H x W), values in [0, 1]")
+    print(f"classes:  {info.num_classes}: {', '.join(info.class_names)}")
+    sizes = ", ".join(f"{name} {count}" for name, count in info.split_sizes.items())
+    print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
+
+
+def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
+    lines = [
+        f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}), "
+        f"preset {config['preset']}, accountant {plan['accountant']}",
+        f"target epsilon = {plan['target_epsilon']:g} at delta = {plan['delta']:.3g}",
+        f"{'stage':<16}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"
+        f"{'eps share':>11}{'eps alone':>11}",
+    ]
+    for stage in plan["stages"]:
+        lines.append(
+            f"{stage['name']:<16}{stage['mechanism']:<22}{stage['noise_multiplier']:>12.4f}"
+            f"{stage['sample_rate']:>13.5g}{stage['steps']:>8}{stage['epsilon_share']:>11.4f}"
+            f"{stage['epsilon_alone']:>11.4f}")
+    lines.append(f"total epsilon = {plan['epsilon']:.4f}")
+    return "\n".join(lines)
+
+
+def _privacy(args: argparse.Namespace) -> None:
+    config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
+                            data_dir=args.data_dir, overrides=args.set)
+    plan = plan_privacy(config, dataset_from_config(config).info)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+    else:
+        print(_format_plan(plan, config))
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    parser = argparse.ArgumentParser(prog="dpsynth", description="Differentially private image synthesis.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="list datasets or describe one").add_subparsers(
+        dest="data_command", required=True)
+    data.add_parser("list", help="the datasets dpsynth can load").set_defaults(handler=_data_list)
+    info = data.add_parser("info", help="shape, classes, split sizes and location of a dataset")
+    info.add_argument("name", help=f"one of: {', '.join(DATASETS)}")
+    info.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
+    _add_set(info)
+    info.set_defaults(handler=_data_info)
+
+    privacy = commands.add_parser("privacy", help="plan a run's privacy budget (reads only the data's size)")
+    privacy.add_argument("method", help=f"one of: {', '.join(sorted(METHODS))}")
+    privacy.add_argument("--dataset", help="dataset name (default fashion-mnist)")
+    privacy.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
+    privacy.add_argument("--epsilon", type=float, help="target epsilon of the whole run")
+    privacy.add_argument("--preset", help="configuration preset (cpu or paper)")
+    privacy.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    _add_set(privacy)
+    privacy.set_defaults(handler=_privacy)
+    return parser
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    print(f"dpsynth: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; user errors print one line and exit with status 2."""
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], None] = args.handler
+    warnings.showwarning = _show_warning
+    try:
+        handler(args)
+    except DpsynthError as exc:
+        print(f"dpsynth: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

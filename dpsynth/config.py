@@ -1,0 +1,138 @@
+"""Run configuration: shared defaults, a method's sections and presets, then ``--set key=value`` overrides."""
+from __future__ import annotations
+
+import copy
+import difflib
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+Config = dict[str, Any]
+
+BASE_CONFIG: Config = {
+    "dataset": {
+        "name": "fashion-mnist",
+        "data_dir": None,
+        "val_size": None,
+        "test_size": None,
+        "split_seed": 0,
+        "resolution": 32,
+        "channels": 3,
+    },
+    "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
+    "run": {"out_dir": "runs", "seed": 0, "device": "auto"},
+}
+
+
+def flat_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of every leaf, e.g. ``privacy.epsilon``."""
+    keys = []
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        keys += flat_keys(value, f"{name}.") if isinstance(value, Mapping) else [name]
+    return keys
+
+
+def _unknown_key(key: str, config: Mapping[str, Any], source: str) -> ConfigError:
+    known = flat_keys(config)
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(f"{source}: unknown config key {key!r}; {hint}")
+
+
+def _check_type(key: str, old: Any, new: Any, source: str) -> Any:
+    if old is None or new is None:
+        return new
+    if isinstance(old, bool) or isinstance(new, bool):
+        ok = isinstance(old, bool) and isinstance(new, bool)
+    elif isinstance(old, float):
+        ok = isinstance(new, (int, float))
+        new = float(new) if ok else new
+    else:
+        ok = isinstance(new, type(old))
+    if not ok:
+        raise ConfigError(f"{source}: {key} expects a value of type {type(old).__name__}, got {new!r}")
+    return new
+
+
+def set_value(config: Config, key: str, value: Any, source: str = "--set") -> None:
+    """Set dotted ``key`` to ``value``; the key must exist and the type must match its default."""
+    *parents, leaf = key.split(".")
+    node: Any = config
+    for part in parents:
+        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+            raise _unknown_key(key, config, source)
+        node = node[part]
+    if leaf not in node or isinstance(node[leaf], dict):
+        raise _unknown_key(key, config, source)
+    node[leaf] = _check_type(key, node[leaf], value, source)
+
+
+def merge(config: Config, update: Mapping[str, Any], source: str) -> None:
+    """Apply a nested ``update`` (a preset) whose keys must all exist in ``config``."""
+    for key in flat_keys(update):
+        value: Any = update
+        for part in key.split("."):
+            value = value[part]
+        set_value(config, key, value, source)
+
+
+def parse_overrides(items: Iterable[str]) -> list[tuple[str, Any]]:
+    """``key=value`` strings to (key, value), values read as YAML scalars (``1e-3``, ``true``, ``null``)."""
+    pairs = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: cannot read the value ({exc})") from None
+        pairs.append((key.strip(), _number_or_self(value)))
+    return pairs
+
+
+def _number_or_self(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` as a string; read it as the number it is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def build_config(
+    method_sections: Mapping[str, Any],
+    preset: Mapping[str, Any],
+    preset_name: str,
+    overrides: Iterable[tuple[str, Any]] = (),
+) -> Config:
+    """Base config plus the method's sections, then its preset, then the overrides, in that order."""
+    config = copy.deepcopy(BASE_CONFIG)
+    for section, values in method_sections.items():
+        if section in config:
+            raise ConfigError(f"method section {section!r} clashes with a shared section")
+        config[section] = copy.deepcopy(dict(values))
+    merge(config, preset, f"preset {preset_name!r}")
+    for key, value in overrides:
+        set_value(config, key, value)
+    return config
+
+
+def dump_config(config: Config) -> str:
+    """The config as YAML, keys in their defined order."""
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def load_config(text: str, source: str) -> Config:
+    """Read a YAML config written by :func:`dump_config`."""
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: expected a mapping of config sections")
+    return config

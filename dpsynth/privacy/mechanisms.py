@@ -1,0 +1,60 @@
+"""Noise-adding mechanisms on private data; each records itself in the ledger before its output is used."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import PrivacyError
+from .events import GaussianMechanism, SubsampledGaussianMechanism
+from .ledger import PrivacyLedger
+
+
+def poisson_sample(num_records: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each record is included independently with probability ``sample_rate``."""
+    return torch.nonzero(torch.rand(num_records, generator=generator) < sample_rate).flatten()
+
+
+def clip_rows(records: torch.Tensor, clip: float) -> torch.Tensor:
+    """Each record (first dimension) scaled down to L2 norm at most ``clip``."""
+    if not clip > 0:
+        raise PrivacyError(f"clipping norm must be positive, got {clip}")
+    flat = records.reshape(records.shape[0], -1)
+    norms = flat.norm(dim=1, keepdim=True)
+    return (flat * (clip / norms.clamp_min(clip))).reshape(records.shape)
+
+
+def gaussian_noise(shape: torch.Size, std: float, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    """N(0, std^2) noise of ``shape`` drawn on the CPU generator, moved to ``like``'s device and dtype."""
+    return (torch.randn(shape, generator=generator, dtype=torch.float64) * std).to(like.device, like.dtype)
+
+
+def release_gaussian(
+    value: torch.Tensor,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    ledger: PrivacyLedger,
+    stage: str,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """``value`` plus Gaussian noise of std noise_multiplier x l2_sensitivity (recorded in ``ledger``)."""
+    ledger.record(stage, GaussianMechanism(noise_multiplier))
+    return value + gaussian_noise(value.shape, noise_multiplier * l2_sensitivity, generator, value)
+
+
+def release_subsampled_mean(
+    records: torch.Tensor,
+    sample_rate: float,
+    clip: float,
+    noise_multiplier: float,
+    ledger: PrivacyLedger,
+    stage: str,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Noisy mean of a Poisson sample of ``records``, each clipped to L2 norm ``clip``.
+
+    The sum of clipped records has add / remove sensitivity ``clip``; noise of std sigma x clip is added
+    to it, then it is divided by the *expected* sample size q N (a public number, so post-processing).
+    """
+    ledger.record(stage, SubsampledGaussianMechanism(noise_multiplier, sample_rate, 1))
+    chosen = clip_rows(records[poisson_sample(records.shape[0], sample_rate, generator)], clip)
+    total = chosen.sum(dim=0) + gaussian_noise(records.shape[1:], noise_multiplier * clip, generator, records)
+    return total / (sample_rate * records.shape[0])

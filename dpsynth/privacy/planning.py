@@ -1,0 +1,67 @@
+"""Budget planning: fixed-noise stages, then one stage whose noise is calibrated to meet the target."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import PrivacyError
+from .accountant import Accountant
+from .events import Event, SubsampledGaussianMechanism
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """A stage of a method: either a fixed ``event`` or a ``calibrated`` family event(sigma)."""
+
+    name: str
+    event: Event | None = None
+    calibrated: Callable[[float], Event] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.event is None) == (self.calibrated is None):
+            raise PrivacyError(f"stage {self.name!r} needs exactly one of a fixed event or a calibrated family")
+
+
+def plan_budget(
+    stages: list[PlannedStage], target_epsilon: float, delta: float, accountant: Accountant
+) -> dict[str, list[Event]]:
+    """Each stage's event, with the calibrated stage's noise set so the whole plan meets the target."""
+    fixed = [stage.event for stage in stages if stage.event is not None]
+    calibrated = [stage for stage in stages if stage.calibrated is not None]
+    if len(calibrated) > 1:
+        raise PrivacyError(f"at most one stage can be calibrated, got {[s.name for s in calibrated]}")
+    if not calibrated:
+        spent = accountant.epsilon(fixed, delta)
+        if spent > target_epsilon:
+            raise PrivacyError(f"the planned stages spend epsilon = {spent:.4g}, over the target {target_epsilon:g}")
+        return {stage.name: [stage.event] for stage in stages}
+    sigma = accountant.calibrate(fixed, calibrated[0].calibrated, target_epsilon, delta)
+    return {stage.name: [stage.event if stage.event is not None else stage.calibrated(sigma)] for stage in stages}
+
+
+@dataclass(frozen=True)
+class DpsgdSchedule:
+    """Poisson-sampled DP-SGD: expected batch B out of N records, for a number of epochs."""
+
+    batch_size: int
+    epochs: float
+    dataset_size: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.batch_size <= self.dataset_size:
+            raise PrivacyError(f"batch_size must lie in [1, {self.dataset_size}] (the private set's size), "
+                               f"got {self.batch_size}")
+        if not self.epochs > 0:
+            raise PrivacyError(f"epochs must be positive, got {self.epochs}")
+
+    @property
+    def sample_rate(self) -> float:
+        return self.batch_size / self.dataset_size
+
+    @property
+    def steps(self) -> int:
+        """int(epochs / q), as Opacus counts them."""
+        return max(1, int(self.epochs / self.sample_rate))
+
+    def event(self, noise_multiplier: float) -> SubsampledGaussianMechanism:
+        return SubsampledGaussianMechanism(noise_multiplier, self.sample_rate, self.steps)

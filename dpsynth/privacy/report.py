@@ -1,0 +1,69 @@
+"""Privacy reports: each stage's mechanism and share of the budget, as in every run's privacy.json."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .accountant import Accountant
+from .events import Event, GaussianMechanism, LaplaceMechanism, ParallelComposition, SubsampledGaussianMechanism
+from .ledger import PrivacyLedger
+
+
+def _worst_part(event: ParallelComposition, accountant: Accountant, delta: float) -> tuple[Event, ...]:
+    return max(event.parts.values(), key=lambda part: accountant.epsilon(part, delta))
+
+
+def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, delta: float) -> dict[str, Any]:
+    """Name, noise multiplier, sample rate and steps of a stage (its worst partition if per-class)."""
+    flat: list[Event] = []
+    partitions = 0
+    for event in events:
+        if isinstance(event, ParallelComposition):
+            partitions = max(partitions, len(event.parts))
+            flat += _worst_part(event, accountant, delta)
+        else:
+            flat.append(event)
+    kinds = sorted({event.kind for event in flat})
+    summary: dict[str, Any] = {
+        "name": name,
+        "mechanism": "+".join(kinds),
+        "noise_multiplier": min(event.noise_multiplier for event in flat),
+        "sample_rate": max(getattr(event, "sample_rate", 1.0) for event in flat),
+        "steps": sum(_repetitions(event) for event in flat),
+    }
+    if partitions:
+        summary["partitions"] = partitions
+    return summary
+
+
+def _repetitions(event: Event) -> int:
+    if isinstance(event, SubsampledGaussianMechanism):
+        return event.steps
+    assert isinstance(event, (GaussianMechanism, LaplaceMechanism))
+    return event.count
+
+
+def budget_report(stages: Mapping[str, Sequence[Event]], accountant: Accountant, delta: float) -> dict[str, Any]:
+    """Total epsilon of the stages composed, and each stage's description and share.
+
+    ``epsilon_share`` is the increase in total epsilon when the stage joins the ones before it (the
+    shares add up to the total); ``epsilon_alone`` is the stage's epsilon on its own.
+    """
+    rows, so_far, spent = [], [], 0.0
+    for name, events in stages.items():
+        so_far += list(events)
+        total = accountant.epsilon(so_far, delta)
+        row = describe_stage(name, events, accountant, delta)
+        row["epsilon_share"] = total - spent
+        row["epsilon_alone"] = accountant.epsilon(events, delta)
+        rows.append(row)
+        spent = total
+    return {"epsilon": spent, "delta": delta, "accountant": accountant.kind, "stages": rows}
+
+
+def ledger_report(ledger: PrivacyLedger, accountant: Accountant, delta: float) -> dict[str, Any]:
+    """The report of a run's ledger: synthesis budget, plus the evaluation budget when it was used."""
+    report = budget_report(ledger.stages("synthesis"), accountant, delta)
+    evaluation = ledger.stages("evaluation")
+    if evaluation:
+        report["evaluation"] = budget_report(evaluation, accountant, delta)
+    return report

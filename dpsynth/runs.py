@@ -1,0 +1,141 @@
+"""The run directory: config, privacy ledger and report, log, checkpoints and released artefacts.
+
+Layout of ``runs/<method>-<dataset>-eps<epsilon>-<time>/``:
+
+- ``config.yaml``: the fully resolved config; ``--resume`` reads it back.
+- ``ledger.json``: every privacy event, appended as mechanisms run.
+- ``privacy.json``: the report the accountant computes from the ledger.
+- ``checkpoint.pt``: training state *and the ledger that covers it*, written atomically.
+- ``log.jsonl``: one JSON record per line. It may hold non-private statistics of the private data
+  (training losses): it is a diagnostic for the data holder, not part of the release.
+- ``synthetic.npz`` and ``samples.png``: the release (uint8 images N x C x H x W and labels) and its grid.
+
+Resume rule: a checkpoint stores the ledger as it stood when the state was saved. Mechanisms that ran
+after the last checkpoint produced outputs that the crash destroyed and that no artefact contains, so
+on resume the ledger goes back to the checkpoint's (the rewound entries are logged) and the run
+continues from there: a resumed run ends with the ledger a clean run has. Methods write an artefact
+derived from private data only after the checkpoint that covers its events.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import Config, dump_config, load_config
+from .errors import DpsynthError
+from .privacy import PrivacyLedger
+from .utils.images import class_grid, save_png, to_uint8
+from .utils.io import atomic_write, atomic_write_json, atomic_write_text
+
+CONFIG, LEDGER, PRIVACY, CHECKPOINT, LOG = "config.yaml", "ledger.json", "privacy.json", "checkpoint.pt", "log.jsonl"
+SYNTHETIC, SAMPLES = "synthetic.npz", "samples.png"
+
+
+def run_name(config: Config, when: time.struct_time | None = None) -> str:
+    """``<method>-<dataset>-eps<epsilon>-<YYYYmmdd-HHMMSS>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
+    return f"{config['method']}-{config['dataset']['name']}-eps{config['privacy']['epsilon']:g}-{stamp}"
+
+
+class RunDirectory:
+    """One run's folder. Create it with :meth:`create`, reopen it for resume with :meth:`open`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, config: Config, root: str | Path | None = None) -> "RunDirectory":
+        """A new, uniquely named run directory under ``root`` (default ``config['run']['out_dir']``)."""
+        base = Path(root if root is not None else config["run"]["out_dir"]) / run_name(config)
+        path, suffix = base, 1
+        while True:
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                suffix += 1
+                path = base.with_name(f"{base.name}-{suffix}")
+        run = cls(path)
+        atomic_write_text(run.file(CONFIG), dump_config(config))
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDirectory":
+        """An existing run directory; DpsynthError if it holds no config.yaml."""
+        run = cls(path)
+        if not run.file(CONFIG).is_file():
+            raise DpsynthError(f"{run.path}: not a dpsynth run directory (no {CONFIG})")
+        return run
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def config(self) -> Config:
+        return load_config(self.file(CONFIG).read_text(), str(self.file(CONFIG)))
+
+    def ledger(self) -> PrivacyLedger:
+        """The run's ledger, continuing the saved one if there is one."""
+        path = self.file(LEDGER)
+        return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
+
+    def log(self, event: str, **fields: Any) -> None:
+        """Append one record to log.jsonl."""
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
+        with self.file(LOG).open("a") as handle:
+            handle.write(json.dumps(record, default=_json_default) + "\n")
+
+    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
+        """Atomically save ``state`` with the ledger that covers it, then the ledger file."""
+        buffer = io.BytesIO()
+        torch.save({"state": state, "ledger": ledger.to_dict()}, buffer)
+        atomic_write(self.file(CHECKPOINT), lambda handle: handle.write(buffer.getvalue()))
+        ledger.save()
+
+    def load_checkpoint(self) -> tuple[dict[str, Any], PrivacyLedger] | None:
+        """The last checkpoint's state and ledger (None if there is none); the ledger file is rewound to it."""
+        path = self.file(CHECKPOINT)
+        if not path.exists():
+            return None
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a damaged file
+            raise DpsynthError(f"{path}: unreadable checkpoint ({exc})") from None
+        ledger = PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER))
+        on_disk = self.ledger()
+        if on_disk != ledger:
+            self.log("ledger_rewound", reason="mechanisms ran after the last checkpoint; their outputs were lost",
+                     ledger_before=on_disk.to_dict()["entries"], ledger_after=ledger.to_dict()["entries"])
+        ledger.save()
+        return saved["state"], ledger
+
+    def write_privacy_report(self, report: dict[str, Any]) -> None:
+        atomic_write_json(self.file(PRIVACY), report)
+
+    def save_release(self, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+                     soft_labels: torch.Tensor | None = None) -> None:
+        """Write synthetic.npz (uint8 images, int labels, optional soft labels) and samples.png."""
+        pixels, hard = to_uint8(images), labels.detach().cpu().numpy().astype(np.int64)
+        arrays = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
+        if soft_labels is not None:
+            arrays["soft_labels"] = soft_labels.detach().float().cpu().numpy()
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        atomic_write(self.file(SYNTHETIC), lambda handle: handle.write(buffer.getvalue()))
+        save_png(class_grid(pixels, hard, len(class_names)), self.file(SAMPLES))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    raise TypeError(f"cannot log a value of type {type(value).__name__}")

@@ -1,0 +1,35 @@
+"""Image helpers: quantisation and sample grids with one row per class."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .io import atomic_write
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """Float images in [0, 1] (N x C x H x W) to uint8 0..255, rounding to the nearest level."""
+    return images.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+
+
+def class_grid(images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int = 10,
+               pad: int = 2) -> np.ndarray:
+    """A H x W x C uint8 mosaic: row k holds the first ``per_class`` images of class k (blank if fewer)."""
+    _, channels, height, width = images.shape
+    grid = np.full((num_classes * (height + pad) + pad, per_class * (width + pad) + pad, channels), 255, np.uint8)
+    for label in range(num_classes):
+        for col, index in enumerate(np.flatnonzero(labels == label)[:per_class]):
+            top, left = pad + label * (height + pad), pad + col * (width + pad)
+            grid[top:top + height, left:left + width] = images[index].transpose(1, 2, 0)
+    return grid
+
+
+def save_png(array: np.ndarray, path: str | Path, min_size: int = 256) -> None:
+    """Save a H x W x C uint8 array as PNG, enlarged by an integer factor (nearest) to >= ``min_size`` px."""
+    image = Image.fromarray(array[..., 0] if array.shape[2] == 1 else array)
+    factor = max(1, -(-min_size // max(image.size)))
+    image = image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
+    atomic_write(path, lambda handle: image.save(handle, format="PNG"))

@@ -1,0 +1,43 @@
+"""A progress bar that shows the privacy budget spent so far."""
+from __future__ import annotations
+
+import time
+
+from tqdm.auto import tqdm
+
+from ..privacy import Accountant, PrivacyLedger
+
+
+class PrivacyProgress:
+    """tqdm over ``total`` steps whose postfix is the epsilon of the ledger so far.
+
+    Accounting a long ledger takes up to a second, so epsilon is recomputed at most every
+    ``refresh_seconds`` and once more on close.
+    """
+
+    def __init__(self, total: int, ledger: PrivacyLedger, accountant: Accountant, delta: float, desc: str,
+                 initial: int = 0, refresh_seconds: float = 10.0) -> None:
+        self.ledger, self.accountant, self.delta = ledger, accountant, delta
+        self.refresh_seconds = refresh_seconds
+        self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+        self._last = -float("inf")
+        self.epsilon = 0.0
+
+    def update(self, n: int = 1, **metrics: float) -> None:
+        """Advance by ``n`` steps, showing ``metrics`` and (refreshed when due) epsilon."""
+        if time.monotonic() - self._last >= self.refresh_seconds:
+            self._refresh_epsilon()
+        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}", **{k: f"{v:.4g}" for k, v in metrics.items()}},
+                             refresh=False)
+        self.bar.update(n)
+
+    def _refresh_epsilon(self) -> None:
+        self.epsilon = self.accountant.epsilon(self.ledger.events("synthesis"), self.delta)
+        self._last = time.monotonic()
+
+    def close(self) -> float:
+        """Close the bar and return the final epsilon."""
+        self._refresh_epsilon()
+        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}"})
+        self.bar.close()
+        return self.epsilon

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian machine, as root: system packages, a virtual environment in .venv,
+# the CPU build of PyTorch (pinned first, so no dependency pulls a multi-GB CUDA build), then dpsynth.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=()
+dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || apt_packages+=(dataset-fashion-mnist)
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || apt_packages+=(python3-venv)
+if [ ${#apt_packages[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+echo "dpsynth is set up: .venv/bin/dpsynth --help"

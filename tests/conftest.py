@@ -1,0 +1,40 @@
+"""Shared fixtures: small dataset files written in the real on-disk formats."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """An unsigned-byte IDX file holding ``array``."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_idx_set(directory: Path, n_train: int = 120, n_test: int = 30, compress: bool = True,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The four MNIST-style IDX files with random 28 x 28 images; returns the training images and labels."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    parts = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        parts[prefix] = (images, labels)
+        for kind, array, ndim in (("images", images, 3), ("labels", labels, 1)):
+            name = f"{prefix}-{kind}-idx{ndim}-ubyte"
+            data = idx_bytes(array)
+            if compress:
+                (directory / f"{name}.gz").write_bytes(gzip.compress(data))
+            else:
+                (directory / name).write_bytes(data)
+    return parts["train"]
+
+
+@pytest.fixture
+def idx_dir(tmp_path: Path) -> Path:
+    write_idx_set(tmp_path / "idx")
+    return tmp_path / "idx"

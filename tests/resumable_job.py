@@ -1,0 +1,54 @@
+"""A checkpointed loop of a real DP mechanism on real data, run as a subprocess by test_runs.py.
+
+Usage: python resumable_job.py RUN_ROOT_OR_DIR STEPS [--resume] [--sleep SECONDS]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dpsynth.api import dataset_from_config, resolve_config
+from dpsynth.privacy import Accountant, PrivacyLedger, ledger_report
+from dpsynth.privacy.mechanisms import release_subsampled_mean
+from dpsynth.runs import RunDirectory
+
+CHECKPOINT_EVERY = 5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("path")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    args = parser.parse_args()
+    if args.resume:
+        run = RunDirectory.open(args.path)
+        config = run.config()
+    else:
+        config = resolve_config("dpdm", dataset="mnist-5k", epsilon=5.0)
+        run = RunDirectory.create(config, args.path)
+        print(run.path, flush=True)
+    images = dataset_from_config(config).train.images.flatten(1)
+    generator = torch.Generator().manual_seed(config["run"]["seed"])
+    state = {"step": 0, "total": torch.zeros(images.shape[1]), "rng": generator.get_state()}
+    ledger = PrivacyLedger(run.file("ledger.json"))
+    restored = run.load_checkpoint()
+    if restored is not None:
+        state, ledger = restored
+        generator.set_state(state["rng"])
+    while state["step"] < args.steps:
+        state["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", generator)
+        state["step"] += 1
+        if state["step"] % CHECKPOINT_EVERY == 0:
+            state["rng"] = generator.get_state()
+            run.save_checkpoint(state, ledger)
+        time.sleep(args.sleep)
+    torch.save(state["total"], run.file("total.pt"))
+    run.write_privacy_report(ledger_report(ledger, Accountant("pld"), 1e-5))
+
+
+if __name__ == "__main__":
+    main()

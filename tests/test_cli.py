@@ -1,0 +1,86 @@
+"""The command line: data listing, the privacy planner and its errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from opacus.accountants.utils import get_noise_multiplier
+
+from dpsynth.api import resolve_config
+from dpsynth.cli import main
+from dpsynth.errors import ConfigError
+from dpsynth.privacy import default_delta
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_data_list_and_info(capsys):
+    code, out, _ = run_cli(capsys, "data", "list")
+    assert code == 0 and "fashion-mnist" in out and "mnist-5k" in out and "cifar10" in out
+    code, out, _ = run_cli(capsys, "data", "info", "fashion-mnist")
+    assert code == 0
+    assert "1 x 28 x 28" in out and "train 55000, val 5000, test 10000" in out
+    assert "/usr/share/datasets/fashion-mnist" in out and "Ankle boot" in out
+    code, out, _ = run_cli(capsys, "data", "info", "mnist-5k", "--set", "dataset.val_size=1000")
+    assert "train 3500, val 1000, test 500" in out
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 10.0])
+def test_privacy_plan_json_matches_opacus_for_the_paper_preset(capsys, epsilon):
+    code, out, _ = run_cli(capsys, "privacy", "dpdm", "--dataset", "fashion-mnist", "--epsilon", str(epsilon),
+                           "--preset", "paper", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert {"epsilon", "delta", "accountant", "stages"} <= set(plan)
+    assert plan["accountant"] == "rdp" and plan["delta"] == pytest.approx(default_delta(55000))
+    (stage,) = plan["stages"]
+    assert {"name", "noise_multiplier", "sample_rate", "steps", "epsilon_share"} <= set(stage)
+    assert stage["sample_rate"] == pytest.approx(4096 / 55000) and stage["steps"] == 2014
+    expected = get_noise_multiplier(target_epsilon=epsilon, target_delta=plan["delta"],
+                                    sample_rate=stage["sample_rate"], steps=stage["steps"], accountant="rdp")
+    assert stage["noise_multiplier"] == pytest.approx(expected, rel=5e-3)
+    assert plan["epsilon"] <= epsilon and stage["epsilon_share"] == pytest.approx(plan["epsilon"])
+
+
+def test_privacy_plan_human_readable(capsys):
+    code, out, _ = run_cli(capsys, "privacy", "dpdm", "--dataset", "mnist-5k", "--epsilon", "5")
+    assert code == 0 and "dp-sgd" in out and "total epsilon = " in out and "(N = 4000)" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["privacy", "dpdm", "--epsilon", "0"], "epsilon must be a positive number"),
+    (["privacy", "dpdm", "--epsilon", "-1"], "epsilon must be a positive number"),
+    (["privacy", "dpdm", "--set", "privacy.delta=1.5"], "delta must lie strictly between 0 and 1"),
+    (["privacy", "dpdm", "--set", "dpsgd.batchsize=3"], "unknown config key 'dpsgd.batchsize'; did you mean "
+                                                        "dpsgd.batch_size"),
+    (["privacy", "dpdm", "--set", "dpsgd.batch_size=big"], "dpsgd.batch_size expects a value of type int, got 'big'"),
+    (["privacy", "dpdm", "--set", "privacy.accountant=moments"], "privacy.accountant must be one of pld, rdp"),
+    (["privacy", "dpdm", "--set", "dpsgd"], "--set expects key=value"),
+    (["privacy", "gan"], "unknown method 'gan'; known methods: dpdm"),
+    (["privacy", "dpdm", "--dataset", "imagenet"], "unknown dataset 'imagenet'; known datasets: fashion-mnist"),
+    (["privacy", "dpdm", "--preset", "gpu"], "no preset 'gpu'; presets: paper, cpu"),
+    (["privacy", "dpdm", "--dataset", "mnist-5k", "--set", "dpsgd.batch_size=9000"], "batch_size must lie in"),
+    (["data", "info", "cifar10"], "dataset 'cifar10' needs a directory"),
+])
+def test_errors_are_one_clear_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("dpsynth: error: ") and message in err and "Traceback" not in err
+
+
+def test_large_delta_warns(capsys):
+    code, _, err = run_cli(capsys, "privacy", "dpdm", "--dataset", "mnist-5k", "--set", "privacy.delta=0.01")
+    assert code == 0 and "dpsynth: warning: delta = 0.01 is not below 1/N" in err
+
+
+def test_resolved_config_applies_preset_then_overrides():
+    config = resolve_config("dpdm", preset="paper", overrides=["dpsgd.lr=1e-3", "dpsgd.epochs=10"])
+    assert config["privacy"]["accountant"] == "rdp" and config["dpsgd"]["lr"] == 1e-3
+    assert config["dpsgd"]["epochs"] == 10.0 and isinstance(config["dpsgd"]["epochs"], float)
+    assert config["preset"] == "paper" and config["method"] == "dpdm"
+    with pytest.raises(ConfigError, match="unknown config key 'method'"):
+        resolve_config("dpdm", overrides=["method=pe"])
