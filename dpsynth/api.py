@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .config import Config, build_config, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset

@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .api import dataset_from_config, plan_privacy, resolve_config
 from .config import build_config, parse_overrides

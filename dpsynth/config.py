@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import yaml
 

@@ -51,7 +51,7 @@ class RunDirectory:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, config: Config, root: str | Path | None = None) -> "RunDirectory":
+    def create(cls, config: Config, root: str | Path | None = None) -> RunDirectory:
         """A new, uniquely named run directory under ``root`` (default ``config['run']['out_dir']``)."""
         base = Path(root if root is not None else config["run"]["out_dir"]) / run_name(config)
         path, suffix = base, 1
@@ -67,7 +67,7 @@ class RunDirectory:
         return run
 
     @classmethod
-    def open(cls, path: str | Path) -> "RunDirectory":
+    def open(cls, path: str | Path) -> RunDirectory:
         """An existing run directory; DpsynthError if it holds no config.yaml."""
         run = cls(path)
         if not run.file(CONFIG).is_file():
@@ -122,7 +122,7 @@ class RunDirectory:
                      soft_labels: torch.Tensor | None = None) -> None:
         """Write synthetic.npz (uint8 images, int labels, optional soft labels) and samples.png."""
         pixels, hard = to_uint8(images), labels.detach().cpu().numpy().astype(np.int64)
-        arrays = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
+        arrays: dict[str, Any] = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
         if soft_labels is not None:
             arrays["soft_labels"] = soft_labels.detach().float().cpu().numpy()
         buffer = io.BytesIO()

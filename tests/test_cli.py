@@ -84,3 +84,17 @@ def test_resolved_config_applies_preset_then_overrides():
     assert config["preset"] == "paper" and config["method"] == "dpdm"
     with pytest.raises(ConfigError, match="unknown config key 'method'"):
         resolve_config("dpdm", overrides=["method=pe"])
+
+
+def test_console_script_and_module_entry_points():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("dpsynth")
+    listed = subprocess.run([str(script), "data", "list"], capture_output=True, text=True, check=True)
+    assert "fashion-mnist" in listed.stdout
+    failed = subprocess.run([sys.executable, "-m", "dpsynth", "privacy", "dpdm", "--epsilon", "-2"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 2
+    assert failed.stderr.strip() == "dpsynth: error: epsilon must be a positive number, got -2.0"

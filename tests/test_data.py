@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import idx_bytes, write_idx_set
 from PIL import Image
 
-from conftest import idx_bytes, write_idx_set
 from dpsynth.data import DATASETS, load_dataset
 from dpsynth.errors import DataError
 
@@ -203,7 +203,8 @@ def test_npz_float_images_and_class_names(tmp_path):
 @pytest.mark.parametrize("arrays, message", [
     ({"images": np.zeros((4, 1, 8, 8), np.uint8)}, "missing array\\(s\\) labels"),
     ({"images": np.zeros((4, 1, 8, 8), np.uint8), "labels": np.zeros(3, int)}, "4 images but 3 labels"),
-    ({"images": np.full((4, 1, 8, 8), 2.0), "labels": np.zeros(4, int)}, "float .images. must be finite and lie in \\[0, 1\\]"),
+    ({"images": np.full((4, 1, 8, 8), 2.0), "labels": np.zeros(4, int)},
+     "float .images. must be finite and lie in \\[0, 1\\]"),
     ({"images": np.zeros((4, 5, 8, 8), np.uint8), "labels": np.zeros(4, int)}, "1 or 3 channels"),
     ({"images": np.zeros((4, 1, 8, 8), np.uint8), "labels": np.array([0, 1, 2, 3]),
       "class_names": np.array(["a", "b"])}, "labels must lie in \\[0, 1\\]"),

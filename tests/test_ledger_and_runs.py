@@ -13,13 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from dpsynth.api import resolve_config
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import (
-    Accountant, GaussianMechanism, LaplaceMechanism, ParallelComposition, PrivacyLedger,
-    SubsampledGaussianMechanism, ledger_report,
+    Accountant,
+    GaussianMechanism,
+    LaplaceMechanism,
+    ParallelComposition,
+    PrivacyLedger,
+    SubsampledGaussianMechanism,
+    ledger_report,
 )
 from dpsynth.privacy.mechanisms import clip_rows, release_gaussian, release_subsampled_mean
-from dpsynth.api import resolve_config
 from dpsynth.runs import RunDirectory
 
 JOB = Path(__file__).with_name("resumable_job.py")

@@ -19,7 +19,7 @@ class ImageSet:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index: torch.Tensor) -> "ImageSet":
+    def subset(self, index: torch.Tensor) -> ImageSet:
         """The images and labels at ``index``."""
         return ImageSet(self.images[index], self.labels[index])
 

@@ -1,17 +1,24 @@
 """The registry of datasets and the seeded train / validation / test split."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from ..errors import DataError
 from .base import Dataset, DatasetInfo, RawDataset, to_image_set
 from .sources import (
-    FASHION_MNIST_DIR, LoadOptions, load_cifar10, load_digits, load_fashion_mnist, load_folder,
-    load_mnist, load_mnist_5k, load_npz,
+    FASHION_MNIST_DIR,
+    LoadOptions,
+    load_cifar10,
+    load_digits,
+    load_fashion_mnist,
+    load_folder,
+    load_mnist,
+    load_mnist_5k,
+    load_npz,
 )
 
 SplitSize = int | float
@@ -79,7 +86,7 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
     order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
     everything = to_image_set(raw.images, raw.labels)
     val = everything.subset(order[:n_val])
-    if raw.test_images is not None:
+    if raw.test_images is not None and raw.test_labels is not None:
         test = to_image_set(raw.test_images, raw.test_labels)
     else:
         test = everything.subset(order[n_val:n_val + n_test])

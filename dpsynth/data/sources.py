@@ -173,14 +173,13 @@ def _load_image(path: Path, resolution: int, channels: int) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB")
-            scale = resolution / min(image.size)
-            size = (max(resolution, round(image.width * scale)), max(resolution, round(image.height * scale)))
-            image = image.resize(size, Image.Resampling.BICUBIC)
-            left, top = (image.width - resolution) // 2, (image.height - resolution) // 2
-            image = image.crop((left, top, left + resolution, top + resolution))
-            array = np.asarray(image, dtype=np.uint8)
+        with Image.open(path) as opened:
+            image = opened.convert("L" if channels == 1 else "RGB")
+        scale = resolution / min(image.size)
+        size = (max(resolution, round(image.width * scale)), max(resolution, round(image.height * scale)))
+        image = image.resize(size, Image.Resampling.BICUBIC)
+        left, top = (image.width - resolution) // 2, (image.height - resolution) // 2
+        array = np.asarray(image.crop((left, top, left + resolution, top + resolution)), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable image file ({exc})") from None
     return array[None] if channels == 1 else array.transpose(2, 0, 1)

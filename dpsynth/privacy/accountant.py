@@ -4,16 +4,16 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import dp_accounting as dpa
 from dp_accounting import pld, rdp
 
 from ..errors import PrivacyError
-from .events import Event, ParallelComposition
+from .events import Event, ParallelComposition, SimpleEvent
 
 ACCOUNTANTS = ("pld", "rdp")
-Scenario = tuple[Event, ...]
+Scenario = tuple[SimpleEvent, ...]
 
 # dp-accounting's RDP logs a warning for every order whose series does not converge; those orders are
 # simply skipped, which is sound, so the warnings only add noise to the console.
@@ -34,11 +34,13 @@ def scenarios(events: Sequence[Event]) -> list[Scenario]:
     sees every non-parallel event plus, for each partitioning, the parts with one key. The privacy loss
     of the whole composition is the worst over these scenarios.
     """
-    shared = [e for e in events if not isinstance(e, ParallelComposition)]
+    shared: list[SimpleEvent] = []
     by_partitioning: dict[str, list[ParallelComposition]] = {}
     for event in events:
         if isinstance(event, ParallelComposition):
             by_partitioning.setdefault(event.partition_by, []).append(event)
+        else:
+            shared.append(event)
     choices = []
     for group in by_partitioning.values():
         keys = sorted({key for event in group for key in event.parts})
@@ -55,7 +57,7 @@ def _dominates(worse: Scenario, better: Scenario) -> bool:
     """
     if len(worse) != len(better):
         return False
-    for w, b in zip(worse, better):
+    for w, b in zip(worse, better, strict=True):
         if type(w) is not type(b) or w.noise_multiplier > b.noise_multiplier:
             return False
         if getattr(w, "sample_rate", 1.0) < getattr(b, "sample_rate", 1.0):
@@ -94,7 +96,7 @@ class Accountant:
     def calibrate(
         self,
         prior: Sequence[Event],
-        make_event: Callable[[float], Event],
+        make_event: Callable[[float], SimpleEvent],
         target_epsilon: float,
         delta: float,
         tol: float = 1e-4,
@@ -112,7 +114,7 @@ class Accountant:
         return max(self._calibrate_scenario(s, make_event, target_epsilon, delta, tol) for s in scenarios(prior))
 
     def _calibrate_scenario(
-        self, prior: Scenario, make_event: Callable[[float], Event], target: float, delta: float, tol: float
+        self, prior: Scenario, make_event: Callable[[float], SimpleEvent], target: float, delta: float, tol: float
     ) -> float:
         """Calibrate with RDP first (cheap at any sigma), then, for PLD, search just below RDP's answer.
 

@@ -6,7 +6,7 @@ Every noise parameter is a *noise multiplier*: the noise scale divided by the qu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 import dp_accounting as dpa
 
@@ -33,7 +33,7 @@ class GaussianMechanism:
     def to_dp_event(self) -> dpa.DpEvent:
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(self.noise_multiplier), self.count)
 
-    def merged(self, other: "Event") -> "Event | None":
+    def merged(self, other: Event) -> Event | None:
         if isinstance(other, GaussianMechanism) and other.noise_multiplier == self.noise_multiplier:
             return replace(self, count=self.count + other.count)
         return None
@@ -58,10 +58,12 @@ class SubsampledGaussianMechanism:
         step = dpa.PoissonSampledDpEvent(self.sample_rate, dpa.GaussianDpEvent(self.noise_multiplier))
         return dpa.SelfComposedDpEvent(step, self.steps)
 
-    def merged(self, other: "Event") -> "Event | None":
-        same = (isinstance(other, SubsampledGaussianMechanism) and other.noise_multiplier == self.noise_multiplier
-                and other.sample_rate == self.sample_rate)
-        return replace(self, steps=self.steps + other.steps) if same else None
+    def merged(self, other: Event) -> Event | None:
+        if not isinstance(other, SubsampledGaussianMechanism):
+            return None
+        if (other.noise_multiplier, other.sample_rate) != (self.noise_multiplier, self.sample_rate):
+            return None
+        return replace(self, steps=self.steps + other.steps)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class LaplaceMechanism:
     def to_dp_event(self) -> dpa.DpEvent:
         return dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(self.noise_multiplier), self.count)
 
-    def merged(self, other: "Event") -> "Event | None":
+    def merged(self, other: Event) -> Event | None:
         if isinstance(other, LaplaceMechanism) and other.noise_multiplier == self.noise_multiplier:
             return replace(self, count=self.count + other.count)
         return None
@@ -95,7 +97,7 @@ class ParallelComposition:
     """
 
     partition_by: str
-    parts: dict[str, tuple["Event", ...]]
+    parts: dict[str, tuple[SimpleEvent, ...]]
     kind: str = field(default="parallel", init=False)
 
     def __post_init__(self) -> None:
@@ -104,11 +106,12 @@ class ParallelComposition:
         if any(isinstance(e, ParallelComposition) for events in self.parts.values() for e in events):
             raise PrivacyError("parallel compositions cannot be nested")
 
-    def merged(self, other: "Event") -> "Event | None":
+    def merged(self, other: Event) -> Event | None:
         return None
 
 
-Event = Union[GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism, ParallelComposition]
+SimpleEvent = GaussianMechanism | SubsampledGaussianMechanism | LaplaceMechanism
+Event = SimpleEvent | ParallelComposition
 _SIMPLE = {cls.kind: cls for cls in (GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism)}
 
 
@@ -125,8 +128,14 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     fields = dict(data)
     kind = fields.pop("kind", None)
     if kind == "parallel":
-        parts = {key: tuple(event_from_dict(e) for e in events) for key, events in fields["parts"].items()}
+        parts = {key: tuple(_simple_from_dict(e) for e in events) for key, events in fields["parts"].items()}
         return ParallelComposition(fields["partition_by"], parts)
+    return _simple_from_dict(data)
+
+
+def _simple_from_dict(data: dict[str, Any]) -> SimpleEvent:
+    fields = dict(data)
+    kind = fields.pop("kind", None)
     if kind not in _SIMPLE:
         raise PrivacyError(f"unknown privacy event kind {kind!r} in the ledger")
     try:

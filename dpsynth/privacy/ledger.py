@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import PrivacyError
 from ..utils.io import atomic_write_json
@@ -41,12 +42,12 @@ class PrivacyLedger:
     def record(self, stage: str, event: Event, budget: str = "synthesis") -> None:
         """Append that ``stage`` ran ``event`` on private data, and save."""
         entry = LedgerEntry(stage, event, budget)
-        last = self._entries[-1] if self._entries else None
-        merged = last.event.merged(event) if last and (last.stage, last.budget) == (stage, budget) else None
-        if merged is not None:
-            self._entries[-1] = replace(last, event=merged)
-        else:
-            self._entries.append(entry)
+        if self._entries and (self._entries[-1].stage, self._entries[-1].budget) == (stage, budget):
+            merged = self._entries[-1].event.merged(event)
+            if merged is not None:
+                entry = replace(entry, event=merged)
+                self._entries.pop()
+        self._entries.append(entry)
         self.save()
 
     def __iter__(self) -> Iterator[LedgerEntry]:
@@ -75,7 +76,7 @@ class PrivacyLedger:
         return {"version": _FORMAT_VERSION, "entries": entries}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], path: str | Path | None = None) -> "PrivacyLedger":
+    def from_dict(cls, data: dict[str, Any], path: str | Path | None = None) -> PrivacyLedger:
         if data.get("version") != _FORMAT_VERSION or not isinstance(data.get("entries"), list):
             raise PrivacyError(f"{path or 'ledger'}: not a version-{_FORMAT_VERSION} privacy ledger")
         try:
@@ -90,7 +91,7 @@ class PrivacyLedger:
             atomic_write_json(self.path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | Path) -> "PrivacyLedger":
+    def load(cls, path: str | Path) -> PrivacyLedger:
         """Read a ledger saved by :meth:`save`; appends to it continue in the same file."""
         path = Path(path)
         try:

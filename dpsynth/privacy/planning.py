@@ -1,12 +1,12 @@
 """Budget planning: fixed-noise stages, then one stage whose noise is calibrated to meet the target."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..errors import PrivacyError
 from .accountant import Accountant
-from .events import Event, SubsampledGaussianMechanism
+from .events import Event, SimpleEvent, SubsampledGaussianMechanism
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class PlannedStage:
 
     name: str
     event: Event | None = None
-    calibrated: Callable[[float], Event] | None = None
+    calibrated: Callable[[float], SimpleEvent] | None = None
 
     def __post_init__(self) -> None:
         if (self.event is None) == (self.calibrated is None):
@@ -26,17 +26,19 @@ def plan_budget(
     stages: list[PlannedStage], target_epsilon: float, delta: float, accountant: Accountant
 ) -> dict[str, list[Event]]:
     """Each stage's event, with the calibrated stage's noise set so the whole plan meets the target."""
-    fixed = [stage.event for stage in stages if stage.event is not None]
-    calibrated = [stage for stage in stages if stage.calibrated is not None]
-    if len(calibrated) > 1:
-        raise PrivacyError(f"at most one stage can be calibrated, got {[s.name for s in calibrated]}")
-    if not calibrated:
-        spent = accountant.epsilon(fixed, delta)
+    fixed = {stage.name: stage.event for stage in stages if stage.event is not None}
+    families = {stage.name: stage.calibrated for stage in stages if stage.calibrated is not None}
+    if len(families) > 1:
+        raise PrivacyError(f"at most one stage can be calibrated, got {list(families)}")
+    if not families:
+        spent = accountant.epsilon(list(fixed.values()), delta)
         if spent > target_epsilon:
             raise PrivacyError(f"the planned stages spend epsilon = {spent:.4g}, over the target {target_epsilon:g}")
-        return {stage.name: [stage.event] for stage in stages}
-    sigma = accountant.calibrate(fixed, calibrated[0].calibrated, target_epsilon, delta)
-    return {stage.name: [stage.event if stage.event is not None else stage.calibrated(sigma)] for stage in stages}
+        return {name: [event] for name, event in fixed.items()}
+    ((calibrated_name, family),) = families.items()
+    sigma = accountant.calibrate(list(fixed.values()), family, target_epsilon, delta)
+    resolved: dict[str, Event] = {**fixed, calibrated_name: family(sigma)}
+    return {stage.name: [resolved[stage.name]] for stage in stages}
 
 
 @dataclass(frozen=True)

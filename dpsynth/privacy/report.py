@@ -1,20 +1,21 @@
 """Privacy reports: each stage's mechanism and share of the budget, as in every run's privacy.json."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .accountant import Accountant
-from .events import Event, GaussianMechanism, LaplaceMechanism, ParallelComposition, SubsampledGaussianMechanism
+from .events import Event, ParallelComposition, SimpleEvent, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 
 
-def _worst_part(event: ParallelComposition, accountant: Accountant, delta: float) -> tuple[Event, ...]:
+def _worst_part(event: ParallelComposition, accountant: Accountant, delta: float) -> tuple[SimpleEvent, ...]:
     return max(event.parts.values(), key=lambda part: accountant.epsilon(part, delta))
 
 
 def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, delta: float) -> dict[str, Any]:
     """Name, noise multiplier, sample rate and steps of a stage (its worst partition if per-class)."""
-    flat: list[Event] = []
+    flat: list[SimpleEvent] = []
     partitions = 0
     for event in events:
         if isinstance(event, ParallelComposition):
@@ -35,11 +36,8 @@ def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, d
     return summary
 
 
-def _repetitions(event: Event) -> int:
-    if isinstance(event, SubsampledGaussianMechanism):
-        return event.steps
-    assert isinstance(event, (GaussianMechanism, LaplaceMechanism))
-    return event.count
+def _repetitions(event: SimpleEvent) -> int:
+    return event.steps if isinstance(event, SubsampledGaussianMechanism) else event.count
 
 
 def budget_report(stages: Mapping[str, Sequence[Event]], accountant: Accountant, delta: float) -> dict[str, Any]:
