@@ -62,9 +62,33 @@ def _privacy(args: argparse.Namespace) -> None:
         print(_format_plan(plan, config))
 
 
+def _run(args: argparse.Namespace) -> None:
+    from .pipeline import resume, start
+
+    if args.resume:
+        if args.method:
+            raise DpsynthError("--resume takes its method and config from the run directory; give no METHOD")
+        resume(args.resume)
+        return
+    if not args.method:
+        raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
+    config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
+                            data_dir=args.data_dir, overrides=args.set + ([f"run.device={args.device}"]
+                                                                         if args.device else []))
+    start(config)
+
+
 def _add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
+
+
+def _add_method_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", help="dataset name (default fashion-mnist)")
+    parser.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
+    parser.add_argument("--epsilon", type=float, help="target epsilon of the whole run")
+    parser.add_argument("--preset", help="configuration preset (cpu or paper)")
+    _add_set(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,13 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     privacy = commands.add_parser("privacy", help="plan a run's privacy budget (reads only the data's size)")
     privacy.add_argument("method", help=f"one of: {', '.join(sorted(METHODS))}")
-    privacy.add_argument("--dataset", help="dataset name (default fashion-mnist)")
-    privacy.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
-    privacy.add_argument("--epsilon", type=float, help="target epsilon of the whole run")
-    privacy.add_argument("--preset", help="configuration preset (cpu or paper)")
+    _add_method_options(privacy)
     privacy.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    _add_set(privacy)
     privacy.set_defaults(handler=_privacy)
+
+    run = commands.add_parser("run", help="train a method on a private dataset and release synthetic images")
+    run.add_argument("method", nargs="?", help=f"one of: {', '.join(sorted(METHODS))}")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a crashed or stopped run")
+    _add_method_options(run)
+    run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    run.set_defaults(handler=_run)
     return parser
 
 
@@ -107,4 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DpsynthError as exc:
         print(f"dpsynth: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("dpsynth: interrupted; a run continues from its last checkpoint with "
+              "`dpsynth run --resume RUN_DIR`", file=sys.stderr)
+        return 130
     return 0

@@ -24,6 +24,7 @@ BASE_CONFIG: Config = {
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
     "run": {"out_dir": "runs", "seed": 0, "device": "auto"},
+    "sampling": {"num_samples": 60000, "batch_size": 500},
 }
 
 

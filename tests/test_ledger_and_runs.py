@@ -160,7 +160,7 @@ def test_progress_bar_reports_the_ledgers_epsilon():
     progress = PrivacyProgress(total=5, ledger=ledger, accountant=accountant, delta=1e-5, desc="test")
     for _ in range(5):
         ledger.record("dp-sgd", SubsampledGaussianMechanism(1.0, 0.1))
-        progress.update(loss=0.1)
+        progress.update({"loss": 0.1})
     assert progress.close() == pytest.approx(accountant.epsilon([SubsampledGaussianMechanism(1.0, 0.1, 5)], 1e-5))
 
 

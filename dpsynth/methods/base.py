@@ -2,12 +2,49 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
+
 from ..config import Config
-from ..data import DatasetInfo
+from ..data import Dataset, DatasetInfo
 from ..errors import ConfigError
-from ..privacy import PlannedStage
+from ..privacy import Accountant, Event, PlannedStage, PrivacyLedger
+from ..runs import RunDirectory
+from ..utils.progress import PrivacyProgress
+
+
+@dataclass
+class RunContext:
+    """What a method's ``fit`` gets: data, privacy plan and ledger, device, RNG and checkpointing.
+
+    ``plan`` maps each stage to its events with the calibrated noise filled in. ``state`` is the last
+    checkpoint's state on resume (None on a fresh run); ``checkpoint(state)`` saves one together with
+    the ledger that covers it.
+    """
+
+    dataset: Dataset
+    run: RunDirectory
+    plan: dict[str, list[Event]]
+    ledger: PrivacyLedger
+    accountant: Accountant
+    delta: float
+    device: torch.device
+    generator: torch.Generator
+    state: dict[str, Any] | None = None
+
+    def checkpoint(self, state: dict[str, Any]) -> None:
+        self.run.save_checkpoint(state, self.ledger)
+
+    def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
+        return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial)
+
+    def log(self, event: str, **fields: Any) -> None:
+        self.run.log(event, **fields)
+
+
+Release = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class Method(ABC):
@@ -37,6 +74,14 @@ class Method(ABC):
     @abstractmethod
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """The mechanisms a run on ``info``'s training split will apply, in order; one may be calibrated."""
+
+    @abstractmethod
+    def fit(self, context: RunContext) -> None:
+        """Learn from the private training split, recording every mechanism in ``context.ledger``."""
+
+    @abstractmethod
+    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
+        """``num_samples`` images in [0, 1] with labels (and soft labels or None); no private data is read."""
 
 
 METHODS: dict[str, type[Method]] = {}

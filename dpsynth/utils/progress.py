@@ -11,24 +11,24 @@ from ..privacy import Accountant, PrivacyLedger
 class PrivacyProgress:
     """tqdm over ``total`` steps whose postfix is the epsilon of the ledger so far.
 
-    Accounting a long ledger takes up to a second, so epsilon is recomputed at most every
+    Accounting a ledger with PLD takes about two seconds, so epsilon is recomputed at most every
     ``refresh_seconds`` and once more on close.
     """
 
     def __init__(self, total: int, ledger: PrivacyLedger, accountant: Accountant, delta: float, desc: str,
-                 initial: int = 0, refresh_seconds: float = 10.0) -> None:
+                 initial: int = 0, refresh_seconds: float = 60.0) -> None:
         self.ledger, self.accountant, self.delta = ledger, accountant, delta
         self.refresh_seconds = refresh_seconds
         self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
         self._last = -float("inf")
         self.epsilon = 0.0
 
-    def update(self, n: int = 1, **metrics: float) -> None:
+    def update(self, metrics: dict[str, float] | None = None, n: int = 1) -> None:
         """Advance by ``n`` steps, showing ``metrics`` and (refreshed when due) epsilon."""
         if time.monotonic() - self._last >= self.refresh_seconds:
             self._refresh_epsilon()
-        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}", **{k: f"{v:.4g}" for k, v in metrics.items()}},
-                             refresh=False)
+        shown = {k: f"{v:.4g}" for k, v in (metrics or {}).items()}
+        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}", **shown}, refresh=False)
         self.bar.update(n)
 
     def _refresh_epsilon(self) -> None:

@@ -1,0 +1,39 @@
+"""Class-conditional UNet on diffusers' UNet2DModel, with a null class for classifier-free guidance."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diffusers import UNet2DModel
+from diffusers.models.attention_processor import Attention, AttnProcessor
+
+from ..errors import ConfigError
+
+
+def build_unet(in_channels: int, resolution: int, num_classes: int, block_channels: Sequence[int],
+               layers_per_block: int = 1, attention: bool = True, norm_groups: int = 8) -> UNet2DModel:
+    """A UNet whose last (lowest-resolution) level has self-attention when ``attention``.
+
+    Label ``num_classes`` is the null class (unconditional) used by classifier-free guidance. The classic
+    ``AttnProcessor`` is set because the default SDPA one falls back to a per-example loop under vmap.
+    """
+    levels = len(block_channels)
+    if resolution % 2 ** (levels - 1):
+        raise ConfigError(f"model.block_channels: {levels} levels need a resolution divisible by "
+                          f"{2 ** (levels - 1)}, got {resolution}")
+    if any(c % norm_groups for c in block_channels):
+        raise ConfigError(f"model.block_channels {list(block_channels)} must be multiples of model.norm_groups "
+                          f"({norm_groups})")
+    down = ["DownBlock2D"] * levels
+    up = ["UpBlock2D"] * levels
+    if attention:
+        down[-1], up[0] = "AttnDownBlock2D", "AttnUpBlock2D"
+    model = UNet2DModel(
+        sample_size=resolution, in_channels=in_channels, out_channels=in_channels,
+        block_out_channels=tuple(block_channels), down_block_types=tuple(down), up_block_types=tuple(up),
+        layers_per_block=layers_per_block, num_class_embeds=num_classes + 1, norm_num_groups=norm_groups,
+        attention_head_dim=block_channels[-1],
+    )
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.set_processor(AttnProcessor())
+    return model

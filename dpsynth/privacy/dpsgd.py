@@ -1,0 +1,117 @@
+"""DP-SGD on torch.func: per-example gradients, clipping, one Gaussian noise draw per logical batch.
+
+Each step Poisson-samples the private set at rate q, computes per-example gradients with
+``vmap(grad(loss))`` in physical chunks, clips each example's whole gradient to L2 norm C, sums, adds
+N(0, (sigma C)^2) once, divides by the *expected* batch size q N and hands the result to the optimiser.
+The step is recorded in the ledger before the noisy gradient is used.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from .events import SubsampledGaussianMechanism
+from .ledger import PrivacyLedger
+from .mechanisms import gaussian_noise, poisson_sample
+
+Params = dict[str, torch.Tensor]
+# loss(model, params, buffers, *example_tensors) for ONE example (tensors without the batch dimension)
+ExampleLoss = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DpsgdSettings:
+    """Noise multiplier sigma, clipping norm C, sampling rate q, the physical chunk size, bf16 autocast."""
+
+    noise_multiplier: float
+    clip: float
+    sample_rate: float
+    physical_batch_size: int = 64
+    bf16: bool = False
+
+
+def per_example_gradients(
+    model: nn.Module, loss: ExampleLoss, params: Params, buffers: Params, batch: Sequence[torch.Tensor]
+) -> Params:
+    """Gradient of ``loss`` for each example of ``batch`` (first dimension), one tensor per parameter."""
+
+    def example_loss(p: Params, *example: torch.Tensor) -> torch.Tensor:
+        return loss(lambda *args, **kw: functional_call(model, (p, buffers), args, kw), *example)
+
+    return vmap(grad(example_loss), in_dims=(None,) + (0,) * len(batch))(params, *batch)
+
+
+def clipped_sum(grads: Params, clip: float) -> tuple[Params, torch.Tensor]:
+    """Sum over examples of each example's gradient scaled to L2 norm <= clip; also the unclipped norms."""
+    norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+    factors = (clip / (norms + 1e-12)).clamp(max=1.0)
+    return {name: torch.einsum("b,b...->...", factors, g) for name, g in grads.items()}, norms
+
+
+class DPSGD:
+    """Private gradient steps for ``model`` on a private dataset, recorded in ``ledger`` as ``stage``.
+
+    ``make_batch(indices)`` returns the per-example tensors (data and any per-example randomness, e.g.
+    diffusion times and noise) for the sampled indices; ``loss`` maps one example to a scalar.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss,
+                 settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
+                 generator: torch.Generator) -> None:
+        self.model, self.optimizer, self.loss, self.settings = model, optimizer, loss, settings
+        self.num_records, self.ledger, self.stage, self.generator = num_records, ledger, stage, generator
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
+        """One DP-SGD step; returns the sampled batch size and the mean unclipped gradient norm."""
+        s = self.settings
+        indices = poisson_sample(self.num_records, s.sample_rate, self.generator)
+        detached = {n: p.detach() for n, p in self.params.items()}
+        buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+        total = {n: torch.zeros_like(p) for n, p in detached.items()}
+        norm_sum = 0.0
+        device_type = next(iter(detached.values())).device.type
+        for chunk in indices.split(s.physical_batch_size):
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=s.bf16):
+                grads = per_example_gradients(self.model, self.loss, detached, buffers, make_batch(chunk))
+            summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, s.clip)
+            for name in total:
+                total[name] += summed[name]
+            norm_sum += float(norms.sum())
+        self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
+        expected = s.sample_rate * self.num_records
+        for name, param in self.params.items():
+            noise = gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.generator, param)
+            param.grad = (total[name] + noise) / expected
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"batch": float(len(indices)), "grad_norm": norm_sum / max(1, len(indices))}
+
+
+class EMA:
+    """Exponential moving average of a model's parameters (used for sampling)."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for name, param in model.named_parameters():
+            self.shadow[name].lerp_(param.detach(), 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.shadow)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name, value in state.items():
+            self.shadow[name].copy_(value)
+
+    @torch.no_grad()
+    def copy_to(self, model: nn.Module) -> None:
+        for name, param in model.named_parameters():
+            param.copy_(self.shadow[name])
