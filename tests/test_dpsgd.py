@@ -81,10 +81,15 @@ def test_clipped_signal_survives_without_noise_budget():
     assert torch.allclose(-model.weight.detach(), torch.full((2000,), 2000 ** -0.5), rtol=1e-3)
 
 
-def test_ema_tracks_parameters():
+def test_ema_warms_up_then_tracks_parameters_and_round_trips():
     model = Linear()
     ema = EMA(model, decay=0.5)
     with torch.no_grad():
         model.weight.fill_(2.0)
-    ema.update(model)
-    assert torch.allclose(ema.shadow["weight"], torch.ones(2000))
+    ema.update(model)  # first update: decay min(0.5, 1/10) = 0.1
+    assert torch.allclose(ema.shadow["weight"], torch.full((2000,), 1.8))
+    ema.update(model)  # then min(0.5, 2/11)
+    assert torch.allclose(ema.shadow["weight"], torch.full((2000,), 2.0 - 0.2 * 2 / 11))
+    restored = EMA(Linear(), decay=0.5)
+    restored.load_state_dict(ema.state_dict())
+    assert restored.updates == 2 and torch.equal(restored.shadow["weight"], ema.shadow["weight"])

@@ -93,23 +93,33 @@ class DPSGD:
 
 
 class EMA:
-    """Exponential moving average of a model's parameters (used for sampling)."""
+    """Exponential moving average of a model's parameters (used for sampling).
+
+    The decay warms up as min(decay, (1 + t) / (10 + t)) after t updates, as diffusers' EMAModel does:
+    with a fixed 0.99 the random initial weights would still hold 22 % of the average after 150 steps,
+    which on a short CPU run turns the samples into noise (measured).
+    """
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay = decay
+        self.updates = 0
         self.shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        self.updates += 1
         for name, param in model.named_parameters():
-            self.shadow[name].lerp_(param.detach(), 1.0 - self.decay)
+            self.shadow[name].lerp_(param.detach(), 1.0 - decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.shadow)
+        return {**self.shadow, "__updates__": torch.tensor(self.updates)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.updates = int(state["__updates__"])
         for name, value in state.items():
-            self.shadow[name].copy_(value)
+            if name != "__updates__":
+                self.shadow[name].copy_(value)
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
