@@ -48,8 +48,7 @@ def execute(run: RunDirectory) -> RunDirectory:
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
     plan = plan_budget(method.privacy_stages(dataset.info), target, delta, accountant)
-    restored = run.load_checkpoint()
-    state, ledger = restored if restored is not None else (None, PrivacyLedger(run.file("ledger.json")))
+    state, ledger = run.restore()
     run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"])
     torch.manual_seed(config["run"]["seed"])  # model initialisation
     generator = torch.Generator().manual_seed(config["run"]["seed"])

@@ -98,22 +98,27 @@ class RunDirectory:
         atomic_write(self.file(CHECKPOINT), lambda handle: handle.write(buffer.getvalue()))
         ledger.save()
 
-    def load_checkpoint(self) -> tuple[dict[str, Any], PrivacyLedger] | None:
-        """The last checkpoint's state and ledger (None if there is none); the ledger file is rewound to it."""
+    def restore(self) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+        """The last checkpoint's state (None without one) and the ledger that covers it.
+
+        The ledger file is rewound to that ledger (an empty one without a checkpoint), and the rewind is
+        logged when the file had run ahead.
+        """
         path = self.file(CHECKPOINT)
-        if not path.exists():
-            return None
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many types for a damaged file
-            raise DpsynthError(f"{path}: unreadable checkpoint ({exc})") from None
-        ledger = PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER))
+        state = None
+        ledger = PrivacyLedger(self.file(LEDGER))
+        if path.exists():
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # torch raises many types for a damaged file
+                raise DpsynthError(f"{path}: unreadable checkpoint ({exc})") from None
+            state, ledger = saved["state"], PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER))
         on_disk = self.ledger()
         if on_disk != ledger:
             self.log("ledger_rewound", reason="mechanisms ran after the last checkpoint; their outputs were lost",
                      ledger_before=on_disk.to_dict()["entries"], ledger_after=ledger.to_dict()["entries"])
         ledger.save()
-        return saved["state"], ledger
+        return state, ledger
 
     def write_privacy_report(self, report: dict[str, Any]) -> None:
         atomic_write_json(self.file(PRIVACY), report)

@@ -10,7 +10,7 @@ import time
 import torch
 
 from dpsynth.api import dataset_from_config, resolve_config
-from dpsynth.privacy import Accountant, PrivacyLedger, ledger_report
+from dpsynth.privacy import Accountant, ledger_report
 from dpsynth.privacy.mechanisms import release_subsampled_mean
 from dpsynth.runs import RunDirectory
 
@@ -33,12 +33,9 @@ def main() -> None:
         print(run.path, flush=True)
     images = dataset_from_config(config).train.images.flatten(1)
     generator = torch.Generator().manual_seed(config["run"]["seed"])
-    state = {"step": 0, "total": torch.zeros(images.shape[1]), "rng": generator.get_state()}
-    ledger = PrivacyLedger(run.file("ledger.json"))
-    restored = run.load_checkpoint()
-    if restored is not None:
-        state, ledger = restored
-        generator.set_state(state["rng"])
+    restored, ledger = run.restore()
+    state = restored or {"step": 0, "total": torch.zeros(images.shape[1]), "rng": generator.get_state()}
+    generator.set_state(state["rng"])
     while state["step"] < args.steps:
         state["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", generator)
         state["step"] += 1
