@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import gzip
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from dpsynth.privacy import PrivacyLedger
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
@@ -38,3 +43,14 @@ def write_idx_set(directory: Path, n_train: int = 120, n_test: int = 30, compres
 def idx_dir(tmp_path: Path) -> Path:
     write_idx_set(tmp_path / "idx")
     return tmp_path / "idx"
+
+
+def kill_after_recorded_steps(process: subprocess.Popen, run_dir: Path, steps: int, timeout: float) -> None:
+    """SIGKILL ``process`` as soon as the run's ledger records at least ``steps`` mechanism steps."""
+    ledger, deadline = run_dir / "ledger.json", time.time() + timeout
+    while time.time() < deadline:
+        if ledger.exists() and sum(getattr(e, "steps", 0) for e in PrivacyLedger.load(ledger).events()) >= steps:
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()

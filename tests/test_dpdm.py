@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import kill_after_recorded_steps
 
 from dpsynth.privacy import PrivacyLedger
 
@@ -57,14 +56,7 @@ def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
 
     crash = dpsynth("dpdm", *TINY, out_dir=tmp_path / "crash")
     crash_dir = run_dir_of(crash)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        ledger = crash_dir / "ledger.json"
-        if ledger.exists() and sum(e.steps for e in PrivacyLedger.load(ledger).events()) >= 7:
-            break
-        time.sleep(0.01)
-    crash.send_signal(signal.SIGKILL)
-    crash.wait()
+    kill_after_recorded_steps(crash, crash_dir, 7, timeout=300)  # checkpoint at 5
     assert not (crash_dir / "synthetic.npz").exists()
 
     resumed = dpsynth("--resume", str(crash_dir), out_dir=tmp_path)

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import kill_after_recorded_steps
 
 from dpsynth.api import resolve_config
 from dpsynth.errors import PrivacyError
@@ -133,14 +132,7 @@ def test_sigkill_then_resume_ends_with_the_clean_runs_ledger(tmp_path):
 
     crashing = _job(str(tmp_path / "crash"), "30", "--sleep", "0.1")
     crash_dir = Path(crashing.stdout.readline().strip())
-    deadline = time.time() + 120
-    while time.time() < deadline:  # kill between checkpoints: 12 steps recorded, checkpoint at 10
-        ledger = crash_dir / "ledger.json"
-        if ledger.exists() and sum(e.steps for e in PrivacyLedger.load(ledger).events()) >= 12:
-            break
-        time.sleep(0.02)
-    crashing.send_signal(signal.SIGKILL)
-    crashing.wait()
+    kill_after_recorded_steps(crashing, crash_dir, 12, timeout=120)  # between the checkpoints at 10 and 15
     assert not (crash_dir / "privacy.json").exists()
     assert PrivacyLedger.load(crash_dir / "ledger.json").events()[0].steps > 10
 
