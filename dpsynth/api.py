@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .config import Config, build_config, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .errors import ConfigError
 from .methods import get_method
-from .privacy import ACCOUNTANTS, Accountant, budget_report, default_delta, plan_budget
+from .privacy import ACCOUNTANTS, Accountant, Event, budget_report, default_delta, plan_budget
 from .privacy.accountant import check_delta, check_epsilon
 
 
@@ -71,12 +72,28 @@ def resolve_delta(config: Config, num_train: int) -> float:
     return delta
 
 
-def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
-    """The run's privacy plan: each stage's noise (one calibrated) and share of the target epsilon."""
+@dataclass(frozen=True)
+class BudgetPlan:
+    """A run's accountant, delta, target epsilon and each stage's events (calibrated noise filled in)."""
+
+    accountant: Accountant
+    delta: float
+    target: float
+    stages: dict[str, list[Event]]
+
+
+def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
+    """Calibrate the method's stages so the whole run on ``info``'s training split meets the target."""
     method = get_method(config["method"])(config)
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
-    stages = plan_budget(method.privacy_stages(info), target, delta, accountant)
-    report = budget_report(stages, accountant, delta)
-    return {"target_epsilon": target, "dataset_size": info.num_train, **report}
+    return BudgetPlan(accountant, delta, target,
+                      plan_budget(method.privacy_stages(info), target, delta, accountant))
+
+
+def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
+    """The run's privacy plan: each stage's noise (one calibrated) and share of the target epsilon."""
+    plan = plan_budget_for(config, info)
+    report = budget_report(plan.stages, plan.accountant, plan.delta)
+    return {"target_epsilon": plan.target, "dataset_size": info.num_train, **report}

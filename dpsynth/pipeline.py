@@ -5,12 +5,12 @@ from typing import Any
 
 import torch
 
-from .api import dataset_from_config, resolve_delta
+from .api import dataset_from_config, plan_budget_for
 from .config import Config
 from .errors import ConfigError, PrivacyError
 from .methods import get_method
 from .methods.base import RunContext
-from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report, plan_budget
+from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report
 from .runs import RunDirectory
 
 
@@ -44,10 +44,8 @@ def execute(run: RunDirectory) -> RunDirectory:
     config = run.config()
     dataset = dataset_from_config(config)
     method = get_method(config["method"])(config)
-    delta = resolve_delta(config, dataset.info.num_train)
-    accountant = Accountant(config["privacy"]["accountant"])
-    target = float(config["privacy"]["epsilon"])
-    plan = plan_budget(method.privacy_stages(dataset.info), target, delta, accountant)
+    budget = plan_budget_for(config, dataset.info)
+    accountant, delta, target, plan = budget.accountant, budget.delta, budget.target, budget.stages
     state, ledger = run.restore()
     run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"])
     torch.manual_seed(config["run"]["seed"])  # model initialisation
