@@ -6,6 +6,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .api import dataset_from_config, plan_privacy, resolve_config
@@ -78,6 +79,47 @@ def _run(args: argparse.Namespace) -> None:
     start(config)
 
 
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    images = metrics["images"]
+    counts = f"{images['synthetic']} synthetic vs {images['real']} real ({images['real_split']} split)"
+    kid = metrics["kid"]
+    lines = [
+        f"FID       {metrics['fid']:.2f}   [{counts}]",
+        f"KID       {kid['mean']:.4f} +- {kid['std']:.4f}   [{kid['subsets']} subsets of {kid['subset_size']}]",
+        f"precision {metrics['precision']:.3f}   recall {metrics['recall']:.3f}   [k = {metrics['pr_k']}]",
+    ]
+    for name, result in metrics["accuracy"].items():
+        lines.append(
+            f"accuracy  {name:<9}{100 * result['test_accuracy']:.2f} %   [trained on {result['trained_on']}, "
+            f"epoch {result['selected_epoch']}/{result['epochs']} picked by Report Noisy Max on "
+            f"{result['validation_size']} val images, tested on {result['test_size']}]")
+    if metrics.get("evaluation_privacy"):
+        lines.append(f"model selection spent epsilon = {metrics['evaluation_privacy']['epsilon']:.4f} "
+                     "(evaluation budget, reported apart from synthesis)")
+    return "\n".join(lines)
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from .pipeline import evaluate_file, evaluate_run
+    from .runs import RunDirectory
+
+    path = Path(args.path)
+    overrides = parse_overrides(args.set) + ([("run.device", args.device)] if args.device else [])
+    if path.is_dir():
+        if args.dataset or args.data_dir or args.out:
+            raise DpsynthError("a run directory is evaluated on its own dataset, into itself: "
+                               "drop --dataset / --data-dir / --out")
+        metrics, out = evaluate_run(RunDirectory.open(path), overrides), path
+    elif path.is_file():
+        direct = [("dataset.name", args.dataset or "fashion-mnist")]
+        direct += [("dataset.data_dir", args.data_dir)] if args.data_dir else []
+        metrics, out = evaluate_file(path, direct + overrides, args.out)
+    else:
+        raise DpsynthError(f"{path}: no such run directory or .npz file")
+    print(_format_metrics(metrics))
+    print(f"metrics and pictures: {out}")
+
+
 def _add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
@@ -117,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(run)
     run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     run.set_defaults(handler=_run)
+
+    evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")
+    evaluate.add_argument("path", help="a run directory, or a synthetic .npz (arrays images, labels[, soft_labels])")
+    evaluate.add_argument("--dataset", help="for an .npz: the dataset it imitates (default fashion-mnist)")
+    evaluate.add_argument("--data-dir", help="for an .npz: where to read that dataset from")
+    evaluate.add_argument("--out", help="for an .npz: output folder (default <file stem>-evaluation beside it)")
+    evaluate.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    _add_set(evaluate)
+    evaluate.set_defaults(handler=_evaluate)
     return parser
 
 

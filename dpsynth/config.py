@@ -25,6 +25,25 @@ BASE_CONFIG: Config = {
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
     "run": {"out_dir": "runs", "seed": 0, "device": "auto"},
     "sampling": {"num_samples": 60000, "batch_size": 500},
+    "evaluation": {
+        "enabled": True,
+        "num_synthetic": 2000,
+        "num_real": 2000,
+        "real_split": "train",
+        "fast_inception": True,
+        "inception_batch_size": 50,
+        "kid_subsets": 100,
+        "kid_subset_size": 1000,
+        "pr_k": 4,
+        "classifiers": ["cnn", "resnet"],
+        "classifier_epochs": 10,
+        "classifier_batch_size": 128,
+        "classifier_lr": 3e-3,
+        "selection_epsilon": 1.0,
+        "nearest_neighbours": 10,
+        "cache_dir": None,
+        "seed": 0,
+    },
 }
 
 

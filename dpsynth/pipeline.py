@@ -1,17 +1,22 @@
 """Running a method end to end in a run directory: plan, fit, check the budget, release."""
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .api import dataset_from_config, plan_budget_for
-from .config import Config
-from .errors import ConfigError, PrivacyError
+from .api import dataset_from_config, plan_budget_for, resolve_delta
+from .config import BASE_CONFIG, Config, build_config, set_value
+from .data import Dataset
+from .errors import ConfigError, DpsynthError, PrivacyError
+from .evaluation import EvaluationSettings, evaluate_release, load_release
 from .methods import get_method
 from .methods.base import RunContext
 from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report
-from .runs import RunDirectory
+from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
 
 
 def pick_device(name: str) -> torch.device:
@@ -36,7 +41,11 @@ def start(config: Config) -> RunDirectory:
 
 def resume(path: str) -> RunDirectory:
     """Continue the run in ``path`` from its last checkpoint (ledger and RNG included)."""
-    return execute(RunDirectory.open(path))
+    run = RunDirectory.open(path)
+    if run.file(PRIVACY).exists():
+        raise DpsynthError(f"{run.path}: this run already released its synthetic set; nothing to resume "
+                           f"(dpsynth evaluate {run.path} evaluates it)")
+    return execute(run)
 
 
 def execute(run: RunDirectory) -> RunDirectory:
@@ -60,7 +69,58 @@ def execute(run: RunDirectory) -> RunDirectory:
     run.write_privacy_report(report)
     run.log("released", epsilon=report["epsilon"], samples=len(labels))
     print(f"released {len(labels)} images at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g}): {run.path}")
+    if config["evaluation"]["enabled"]:
+        evaluate_run(run, dataset=dataset, device=context.device)
     return run
+
+
+def _evaluation_config(config: Config, overrides: Iterable[tuple[str, Any]]) -> Config:
+    """``config`` with every evaluation key (defaults for runs made before a key existed), then ``overrides``."""
+    config = copy.deepcopy(config)
+    config["evaluation"] = {**copy.deepcopy(BASE_CONFIG["evaluation"]), **config.get("evaluation", {})}
+    for key, value in overrides:
+        if not key.startswith(("evaluation.", "run.device")):
+            raise ConfigError(f"--set {key}: evaluating a run can change evaluation.* and run.device only")
+        set_value(config, key, value)
+    return config
+
+
+def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), dataset: Dataset | None = None,
+                 device: torch.device | None = None) -> dict[str, Any]:
+    """Evaluate a run's release into its directory; model selection is added to its ledger and privacy.json."""
+    if not run.file(SYNTHETIC).is_file():
+        raise DpsynthError(f"{run.path}: no {SYNTHETIC} yet; finish the run first (dpsynth run --resume {run.path})")
+    config = _evaluation_config(run.config(), overrides)
+    dataset = dataset or dataset_from_config(config)
+    accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
+    ledger = run.ledger()
+    metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
+                               dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
+                               delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG))
+    report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train)
+    run.write_privacy_report(report)
+    run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")})
+    return metrics
+
+
+def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_dir: str | Path | None = None
+                  ) -> tuple[dict[str, Any], Path]:
+    """Evaluate a synthetic .npz against ``dataset.*`` from ``overrides``; outputs go to ``out_dir``.
+
+    The default ``out_dir`` is ``<file stem>-evaluation`` beside the file; its ``ledger.json`` holds the
+    model-selection mechanisms (evaluation budget), and accumulates over repeated evaluations.
+    """
+    path = Path(path)
+    config = build_config({}, {}, "none", overrides)
+    dataset = dataset_from_config(config)
+    out = Path(out_dir) if out_dir is not None else path.with_name(f"{path.stem}-evaluation")
+    ledger_path = out / "ledger.json"
+    ledger = PrivacyLedger.load(ledger_path) if ledger_path.exists() else PrivacyLedger(ledger_path)
+    accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
+    metrics = evaluate_release(load_release(path, dataset.info), dataset,
+                               EvaluationSettings.from_config(config["evaluation"]), ledger, accountant, delta, out,
+                               pick_device(config["run"]["device"]))
+    return metrics, out
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,

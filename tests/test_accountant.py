@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting as dpa
 import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -15,6 +16,7 @@ from dpsynth.privacy import (
     GaussianMechanism,
     LaplaceMechanism,
     ParallelComposition,
+    ReportNoisyMax,
     SubsampledGaussianMechanism,
     default_delta,
 )
@@ -113,6 +115,22 @@ def test_scenarios_keep_partitions_that_do_not_dominate_each_other():
 
 def test_laplace_mechanism_is_pure_dp():
     assert Accountant("pld").epsilon([LaplaceMechanism(0.5)], 1e-9) == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind, tolerance", [("pld", 1e-3), ("rdp", 2e-2)])
+def test_report_noisy_max_is_charged_its_pure_epsilon(kind, tolerance):
+    assert Accountant(kind).epsilon([ReportNoisyMax(2.0)], 1e-6) == pytest.approx(0.5, rel=tolerance)
+    # the worst case of pure DP costs more than Laplace releases of the same scale once composed
+    assert Accountant(kind).epsilon([ReportNoisyMax(2.0, 8)], 1e-3) > Accountant(kind).epsilon(
+        [LaplaceMechanism(2.0, 8)], 1e-3)
+
+
+def test_two_point_rdp_matches_randomized_response_under_replace_one():
+    epsilon, count = 0.7, 5
+    reference = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    reference.compose(dpa.RandomizedResponseDpEvent(2 / (1 + math.exp(epsilon)), 2), count)
+    ours = Accountant("rdp").epsilon([ReportNoisyMax(1 / epsilon, count)], 1e-5)
+    assert ours == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
 
 
 def test_default_delta_and_argument_errors():

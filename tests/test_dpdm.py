@@ -1,4 +1,4 @@
-"""DPDM end to end on a tiny model: run, release, privacy report, and SIGKILL-then-resume."""
+"""DPDM end to end on a tiny model (run, release, privacy report, evaluation, SIGKILL-then-resume); the sampler."""
 from __future__ import annotations
 
 import json
@@ -6,17 +6,21 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from conftest import kill_after_recorded_steps
 
+from dpsynth.diffusion import Diffusion
+from dpsynth.errors import ConfigError
 from dpsynth.privacy import PrivacyLedger
 
 TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
         "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
         "--set", "dpsgd.epochs=1", "--set", "dpsgd.checkpoint_every=5", "--set", "dpsgd.noise_multiplicity=2",
-        "--set", "sampling.num_samples=30", "--set", "diffusion.sample_steps=4"]
+        "--set", "sampling.num_samples=30", "--set", "diffusion.sample_steps=4", "--set", "evaluation.enabled=false"]
 
 
 def dpsynth(*args: str, out_dir: Path) -> subprocess.Popen:
@@ -33,8 +37,11 @@ def run_dir_of(process: subprocess.Popen) -> Path:
     return Path(line.split(": ", 1)[1].strip())
 
 
-def test_dpdm_run_releases_within_budget(tmp_path):
-    process = dpsynth("dpdm", *TINY, out_dir=tmp_path)
+def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
+    evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=30", "evaluation.num_real=30",
+                  "evaluation.classifiers=[cnn]", "evaluation.classifier_epochs=2", "evaluation.kid_subsets=5",
+                  "evaluation.kid_subset_size=10", f"evaluation.cache_dir={tmp_path / 'cache'}"]
+    process = dpsynth("dpdm", *TINY, *[arg for pair in evaluation for arg in ("--set", pair)], out_dir=tmp_path)
     run = run_dir_of(process)
     assert process.wait(timeout=300) == 0, process.stderr.read()
     report = json.loads((run / "privacy.json").read_text())
@@ -46,6 +53,13 @@ def test_dpdm_run_releases_within_budget(tmp_path):
         assert release["images"].shape == (30, 1, 8, 8) and release["images"].dtype == np.uint8
         assert sorted(set(release["labels"].tolist())) == list(range(10))
     assert (run / "samples.png").exists() and (run / "config.yaml").exists()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["images"] == {"synthetic": 30, "real": 30, "real_split": "train",
+                                 "inception": "uint8-gray3-bilinear299-div128m1-bf16"}
+    assert metrics["fid"] > 0 and 0 <= metrics["precision"] <= 1 and 0 <= metrics["accuracy"]["cnn"]["test_accuracy"]
+    assert report["evaluation"]["stages"][0]["name"] == "model-selection"
+    assert report["evaluation"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    assert (run / "nearest_neighbours.png").exists() and (run / "training_curves.png").exists()
 
 
 @pytest.mark.slow
@@ -65,3 +79,36 @@ def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
     assert json.loads((crash_dir / "privacy.json").read_text()) == json.loads((clean_dir / "privacy.json").read_text())
     with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])  # same state, same RNG: the same release
+
+
+class _Oracle(torch.nn.Module):
+    """The exact denoiser of a one-image data distribution, in the parameterisation ``prediction``."""
+
+    def __init__(self, diffusion: Diffusion, image: torch.Tensor) -> None:
+        super().__init__()
+        self.abar, self.x0 = diffusion.alphas_cumprod, image * 2 - 1
+        self.prediction = diffusion.prediction
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, class_labels: torch.Tensor) -> SimpleNamespace:
+        abar = self.abar[t].view(-1, 1, 1, 1)
+        eps = (x - abar.sqrt() * self.x0) / (1 - abar).sqrt()
+        out = eps if self.prediction == "epsilon" else abar.sqrt() * eps - (1 - abar).sqrt() * self.x0
+        return SimpleNamespace(sample=out)
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v"])
+def test_ddim_with_the_exact_denoiser_returns_the_data_and_its_loss_is_zero(prediction):
+    diffusion = Diffusion(prediction=prediction)
+    image = torch.rand(1, 6, 6)
+    oracle = _Oracle(diffusion, image)
+    samples = diffusion.sample(oracle, torch.zeros(3, dtype=torch.long), (1, 6, 6), null_label=1, steps=10,
+                               generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(samples, image.expand(3, -1, -1, -1), atol=1e-3)
+    times, noise = diffusion.training_inputs(1, 4, (1, 6, 6), torch.Generator().manual_seed(0))
+    assert diffusion.example_loss(oracle, image, torch.tensor(0), times[0], noise[0]) < 1e-8
+
+
+def test_unknown_prediction_is_a_config_error():
+    with pytest.raises(ConfigError, match="diffusion.prediction must be one of epsilon, v"):
+        Diffusion(prediction="x0")

@@ -1,7 +1,9 @@
-"""DDPM epsilon-prediction loss with noise multiplicity, and DDIM sampling with classifier-free guidance.
+"""DDPM loss (epsilon- or v-prediction) with noise multiplicity, and DDIM sampling with classifier-free guidance.
 
-We use DDPM's epsilon-prediction objective (Ho et al.) with diffusers' schedulers rather than DPDM's EDM
-preconditioning: one well-kept scheduler serves training, DDIM sampling and SDEdit variation (PE).
+We use DDPM objectives with diffusers' schedulers rather than DPDM's EDM preconditioning: one well-kept
+scheduler serves training, DDIM sampling and SDEdit variation (PE). v-prediction (Salimans & Ho 2022) is
+close to EDM's preconditioning: at high noise the network predicts the clean image, so an imprecise
+(DP-noised) network yields blurry images rather than amplified noise.
 """
 from __future__ import annotations
 
@@ -12,15 +14,21 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
+from ..errors import ConfigError
+
 ModelFn = Callable[..., Any]
+PREDICTIONS = {"epsilon": "epsilon", "v": "v_prediction"}
 
 
 class Diffusion:
     """The forward process and the samplers of a DDPM with ``timesteps`` steps."""
 
-    def __init__(self, timesteps: int = 1000, beta_schedule: str = "linear") -> None:
-        self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule)
-        self.timesteps = timesteps
+    def __init__(self, timesteps: int = 1000, beta_schedule: str = "linear", prediction: str = "epsilon") -> None:
+        if prediction not in PREDICTIONS:
+            raise ConfigError(f"diffusion.prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
+        self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
+                                             prediction_type=PREDICTIONS[prediction])
+        self.timesteps, self.prediction = timesteps, prediction
         self.alphas_cumprod = self.train_scheduler.alphas_cumprod.float()
 
     def training_inputs(self, n: int, k: int, shape: tuple[int, ...], generator: torch.Generator
@@ -31,18 +39,26 @@ class Diffusion:
 
     def example_loss(self, model_fn: ModelFn, image: torch.Tensor, label: torch.Tensor,
                      times: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Epsilon-prediction MSE of ONE image in [0, 1], averaged over its K (time, noise) draws."""
+        """Prediction MSE of ONE image in [0, 1], averaged over its K (time, noise) draws."""
         x0 = image * 2 - 1
-        abar = self.alphas_cumprod.to(image.device)[times].view(-1, *([1] * image.dim()))
+        abar = self.alphas_cumprod.to(image.device)[times].view(-1, *([1] * (noise.dim() - 1)))
         noisy = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
         labels = label.expand(times.shape[0])
         predicted = model_fn(noisy, times, class_labels=labels).sample
-        return (predicted - noise).pow(2).mean()
+        target = noise if self.prediction == "epsilon" else abar.sqrt() * noise - (1 - abar).sqrt() * x0
+        return (predicted - target).pow(2).mean()
+
+    def batch_loss(self, model_fn: ModelFn, images: torch.Tensor, labels: torch.Tensor, times: torch.Tensor,
+                   noise: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch (n images, n x K times and noises), for non-private training."""
+        k = times.shape[1]
+        return self.example_loss(model_fn, images.repeat_interleave(k, 0), labels.repeat_interleave(k),
+                                 times.flatten(), noise.flatten(0, 1))
 
     @torch.no_grad()
     def sample(self, model: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
                steps: int = 50, guidance: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
-        """DDIM samples (eta = 0) for ``labels``, in [0, 1]; guidance w gives eps_u + (1 + w)(eps_c - eps_u)."""
+        """DDIM samples (eta = 0) for ``labels``, in [0, 1]; guidance w gives out_u + (1 + w)(out_c - out_u)."""
         device = next(model.parameters()).device
         scheduler = DDIMScheduler.from_config(self.train_scheduler.config)
         scheduler.set_timesteps(steps)
@@ -54,8 +70,8 @@ class Diffusion:
                 both = model(torch.cat([x, x]), torch.cat([time, time]),
                              class_labels=torch.cat([labels, torch.full_like(labels, null_label)])).sample
                 conditional, unconditional = both.chunk(2)
-                eps = unconditional + (1 + guidance) * (conditional - unconditional)
+                out = unconditional + (1 + guidance) * (conditional - unconditional)
             else:
-                eps = model(x, time, class_labels=labels).sample
-            x = scheduler.step(eps, t, x).prev_sample
+                out = model(x, time, class_labels=labels).sample
+            x = scheduler.step(out, t, x).prev_sample
         return ((x + 1) / 2).clamp(0, 1).cpu()

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data import DatasetInfo
+from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, PlannedStage, SubsampledGaussianMechanism
@@ -22,7 +22,8 @@ class DPDM(Method):
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     sections = {
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8},
-        "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "label_dropout": 0.1,
+        "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
+                      "label_dropout": 0.1,
                       "sample_steps": 50, "guidance": 0.0},
         "dpsgd": {
             "batch_size": 4096,
@@ -33,6 +34,7 @@ class DPDM(Method):
             "ema": 0.999,
             "physical_batch_size": 64,
             "checkpoint_every": 50,
+            "bf16": False,
         },
     }
     presets = {
@@ -42,15 +44,16 @@ class DPDM(Method):
         "cpu": {
             "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
             "diffusion": {"sample_steps": 25},
-            "dpsgd": {"batch_size": 512, "epochs": 3.5, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
-                      "physical_batch_size": 128, "checkpoint_every": 25},
+            "dpsgd": {"batch_size": 512, "epochs": 4.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
+                      "physical_batch_size": 128, "checkpoint_every": 25, "bf16": True},
             "sampling": {"num_samples": 5000},
         },
     }
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
-        self.diffusion = Diffusion(config["diffusion"]["timesteps"], config["diffusion"]["beta_schedule"])
+        settings = config["diffusion"]
+        self.diffusion = Diffusion(settings["timesteps"], settings["beta_schedule"], settings["prediction"])
         self.model: torch.nn.Module | None = None
         self.ema: EMA | None = None
         self.info: DatasetInfo | None = None
@@ -65,23 +68,30 @@ class DPDM(Method):
         return build_unet(info.channels, info.height, info.num_classes, settings["block_channels"],
                           settings["layers_per_block"], settings["attention"], settings["norm_groups"]).to(device)
 
+    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
+        """What runs before DP-SGD (nothing for DPDM; DP-FETA's central images and warm-up)."""
+
     def fit(self, context: RunContext) -> None:
+        """Pre-training (a hook), then DP-SGD; checkpoints carry ``phase`` so a resume skips finished phases."""
         settings, info = self.config["dpsgd"], context.dataset.info
         (event,) = context.plan["dp-sgd"]
         assert isinstance(event, SubsampledGaussianMechanism)
         self.info, model = info, self._build(info, context.device)
+        state = context.state if context.state is not None and context.state.get("phase") == "dp-sgd" else None
+        if state is None:
+            self.pretrain(context, model)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
         step = 0
-        if context.state is not None:
-            model.load_state_dict(context.state["model"])
-            optimizer.load_state_dict(context.state["optimizer"])
-            ema.load_state_dict(context.state["ema"])
-            context.generator.set_state(context.state["rng"])
-            step = context.state["step"]
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            ema.load_state_dict(state["ema"])
+            context.generator.set_state(state["rng"])
+            step = state["step"]
         engine = DPSGD(model, optimizer, self.diffusion.example_loss,
                        DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
-                                     settings["physical_batch_size"]),
+                                     settings["physical_batch_size"], settings["bf16"]),
                        len(context.dataset.train), context.ledger, "dp-sgd", context.generator)
         make_batch = self._batch_maker(context)
         progress = context.progress(event.steps, "dp-sgd", initial=step)
@@ -91,15 +101,18 @@ class DPDM(Method):
             step += 1
             progress.update(stats)
             if step % settings["checkpoint_every"] == 0 or step == event.steps:
-                context.checkpoint({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                    "ema": ema.state_dict(), "rng": context.generator.get_state()})
+                context.checkpoint({"phase": "dp-sgd", "step": step, "model": model.state_dict(),
+                                    "optimizer": optimizer.state_dict(), "ema": ema.state_dict(),
+                                    "rng": context.generator.get_state()})
                 context.log("dp-sgd", step=step, **stats)
         progress.close()
         ema.copy_to(model)
         self.model, self.ema = model, ema
 
-    def _batch_maker(self, context: RunContext):  # noqa: ANN202 (closure over the context)
-        train, device, generator = context.dataset.train, context.device, context.generator
+    def _batch_maker(self, context: RunContext, data: ImageSet | None = None):  # noqa: ANN202 (a closure)
+        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise."""
+        train = data if data is not None else context.dataset.train
+        device, generator = context.device, context.generator
         shape, k = context.dataset.info.shape, self.config["dpsgd"]["noise_multiplicity"]
         null, dropout = context.dataset.info.num_classes, self.config["diffusion"]["label_dropout"]
 

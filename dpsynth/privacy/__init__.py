@@ -1,12 +1,19 @@
 """Privacy: mechanism events, the ledger they are written to, one accountant, calibration and reports."""
 from .accountant import ACCOUNTANTS, Accountant, default_delta
-from .events import Event, GaussianMechanism, LaplaceMechanism, ParallelComposition, SubsampledGaussianMechanism
+from .events import (
+    Event,
+    GaussianMechanism,
+    LaplaceMechanism,
+    ParallelComposition,
+    ReportNoisyMax,
+    SubsampledGaussianMechanism,
+)
 from .ledger import PrivacyLedger
 from .planning import DpsgdSchedule, PlannedStage, plan_budget
 from .report import budget_report, ledger_report
 
 __all__ = [
     "ACCOUNTANTS", "Accountant", "DpsgdSchedule", "Event", "GaussianMechanism", "LaplaceMechanism",
-    "ParallelComposition", "PlannedStage", "PrivacyLedger", "SubsampledGaussianMechanism", "budget_report",
-    "default_delta", "ledger_report", "plan_budget",
+    "ParallelComposition", "PlannedStage", "PrivacyLedger", "ReportNoisyMax", "SubsampledGaussianMechanism",
+    "budget_report", "default_delta", "ledger_report", "plan_budget",
 ]

@@ -7,7 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 
 import dp_accounting as dpa
-from dp_accounting import pld, rdp
+import numpy as np
+from dp_accounting import dp_event, pld, rdp
 
 from ..errors import PrivacyError
 from .events import Event, ParallelComposition, SimpleEvent
@@ -67,6 +68,27 @@ def _dominates(worse: Scenario, better: Scenario) -> bool:
     return True
 
 
+def two_point_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
+    """Renyi divergences of the pair (p, 1 - p) vs (1 - p, p) with p = e^eps / (1 + e^eps), at ``orders``.
+
+    This is the binary randomized-response pair: the worst case of epsilon-DP, and exactly the discrete
+    Laplace mechanism DLap(epsilon) on a sensitivity-1 query.
+    """
+    log_p, log_q = -np.logaddexp(0.0, -epsilon), -np.logaddexp(0.0, epsilon)
+    return np.logaddexp(orders * log_p + (1 - orders) * log_q, orders * log_q + (1 - orders) * log_p) / (orders - 1)
+
+
+class _RdpAccountant(rdp.RdpAccountant):
+    """dp-accounting's RDP accountant, plus the discrete Laplace mechanism at sensitivity 1."""
+
+    def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):  # type: ignore[no-untyped-def]
+        if isinstance(event, dp_event.DiscreteLaplaceDpEvent) and event.sensitivity == 1:
+            if do_compose:
+                self._rdp += count * two_point_rdp(event.noise_parameter, self._orders)
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
 class Accountant:
     """(epsilon, delta) of compositions of events: ``pld`` (tight, default) or ``rdp`` (what papers report)."""
 
@@ -80,7 +102,7 @@ class Accountant:
         """A new, empty dp-accounting accountant of this kind (add / remove-one adjacency)."""
         if self.kind == "pld":
             return pld.PLDAccountant(value_discretization_interval=self.pld_discretization)
-        return rdp.RdpAccountant()
+        return _RdpAccountant()
 
     def _scenario_epsilon(self, scenario: Scenario, delta: float) -> float:
         if not scenario:

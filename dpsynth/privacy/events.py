@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dp_accounting as dpa
+from dp_accounting import dp_event
 
 from ..errors import PrivacyError
 
@@ -19,24 +20,30 @@ def _check_positive(value: float, what: str) -> None:
 
 
 @dataclass(frozen=True)
-class GaussianMechanism:
-    """``count`` Gaussian mechanisms on the whole dataset, noise std = noise_multiplier x L2 sensitivity."""
+class _Repeated:
+    """A mechanism run ``count`` times with one noise multiplier; consecutive runs merge into one event."""
 
     noise_multiplier: float
     count: int = 1
-    kind: str = field(default="gaussian", init=False)
 
     def __post_init__(self) -> None:
         _check_positive(self.noise_multiplier, "noise_multiplier")
         _check_positive(self.count, "count")
 
-    def to_dp_event(self) -> dpa.DpEvent:
-        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(self.noise_multiplier), self.count)
-
     def merged(self, other: Event) -> Event | None:
-        if isinstance(other, GaussianMechanism) and other.noise_multiplier == self.noise_multiplier:
+        if type(other) is type(self) and other.noise_multiplier == self.noise_multiplier:
             return replace(self, count=self.count + other.count)
         return None
+
+
+@dataclass(frozen=True)
+class GaussianMechanism(_Repeated):
+    """``count`` Gaussian mechanisms on the whole dataset, noise std = noise_multiplier x L2 sensitivity."""
+
+    kind: str = field(default="gaussian", init=False)
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(self.noise_multiplier), self.count)
 
 
 @dataclass(frozen=True)
@@ -67,24 +74,34 @@ class SubsampledGaussianMechanism:
 
 
 @dataclass(frozen=True)
-class LaplaceMechanism:
-    """``count`` Laplace mechanisms, noise scale b = noise_multiplier x L1 sensitivity (Report Noisy Max)."""
+class LaplaceMechanism(_Repeated):
+    """``count`` Laplace mechanisms, noise scale b = noise_multiplier x L1 sensitivity."""
 
-    noise_multiplier: float
-    count: int = 1
     kind: str = field(default="laplace", init=False)
-
-    def __post_init__(self) -> None:
-        _check_positive(self.noise_multiplier, "noise_multiplier")
-        _check_positive(self.count, "count")
 
     def to_dp_event(self) -> dpa.DpEvent:
         return dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(self.noise_multiplier), self.count)
 
-    def merged(self, other: Event) -> Event | None:
-        if isinstance(other, LaplaceMechanism) and other.noise_multiplier == self.noise_multiplier:
-            return replace(self, count=self.count + other.count)
-        return None
+
+@dataclass(frozen=True)
+class ReportNoisyMax(_Repeated):
+    """``count`` Report Noisy Max selections over monotone sensitivity-1 scores (e.g. correct counts).
+
+    With Laplace noise of scale b = noise_multiplier, each selection is (1 / b)-DP under add / remove
+    adjacency (Dwork & Roth, Claim 3.9). Its privacy loss is not that of one Laplace release, so it is
+    accounted as the worst case of every epsilon-DP mechanism: the two-point loss +-epsilon of binary
+    randomized response, which is exactly the loss of the discrete Laplace mechanism DLap(epsilon) on a
+    sensitivity-1 integer query (the event dp-accounting supports under add / remove adjacency).
+    """
+
+    kind: str = field(default="report_noisy_max", init=False)
+
+    @property
+    def epsilon(self) -> float:
+        return 1.0 / self.noise_multiplier
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(self.epsilon, 1), self.count)
 
 
 @dataclass(frozen=True)
@@ -110,9 +127,10 @@ class ParallelComposition:
         return None
 
 
-SimpleEvent = GaussianMechanism | SubsampledGaussianMechanism | LaplaceMechanism
+SimpleEvent = GaussianMechanism | SubsampledGaussianMechanism | LaplaceMechanism | ReportNoisyMax
 Event = SimpleEvent | ParallelComposition
-_SIMPLE = {cls.kind: cls for cls in (GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism)}
+_SIMPLE = {cls.kind: cls for cls in (GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism,
+                                      ReportNoisyMax)}
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import PrivacyError
-from .events import GaussianMechanism, SubsampledGaussianMechanism
+from .events import GaussianMechanism, ReportNoisyMax, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 
 
@@ -58,3 +58,24 @@ def release_subsampled_mean(
     chosen = clip_rows(records[poisson_sample(records.shape[0], sample_rate, generator)], clip)
     total = chosen.sum(dim=0) + gaussian_noise(records.shape[1:], noise_multiplier * clip, generator, records)
     return total / (sample_rate * records.shape[0])
+
+
+def report_noisy_max(
+    counts: torch.Tensor,
+    epsilon: float,
+    ledger: PrivacyLedger,
+    stage: str,
+    generator: torch.Generator,
+    budget: str = "synthesis",
+) -> int:
+    """Index of the largest of ``counts`` + Laplace(1 / epsilon) noise: epsilon-DP for monotone counts.
+
+    ``counts`` must be monotone sensitivity-1 queries (adding a record raises each by 0 or 1, e.g. the
+    number of validation images each candidate classifies correctly). The noisy values are not returned.
+    """
+    if not epsilon > 0:
+        raise PrivacyError(f"Report Noisy Max needs a positive epsilon, got {epsilon}")
+    ledger.record(stage, ReportNoisyMax(1.0 / epsilon), budget)
+    exponentials = torch.empty((2, *counts.shape), dtype=torch.float64).exponential_(generator=generator)
+    laplace = (exponentials[0] - exponentials[1]) / epsilon  # a difference of Exp(1)s is Laplace(1)
+    return int(torch.argmax(counts.double().cpu() + laplace))

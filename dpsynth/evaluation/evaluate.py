@@ -1,0 +1,142 @@
+"""Evaluate a synthetic release: fidelity (FID, KID, precision / recall), utility (downstream accuracy), pictures.
+
+Every number here compares the release with real data, so ``metrics.json`` and the pictures are
+diagnostics for the data holder, not releasable artefacts. Only model selection on the validation split
+is charged to the privacy ledger (the "evaluation" budget), because it picks which accuracy is reported.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data import Dataset
+from ..errors import ConfigError
+from ..privacy import Accountant, PrivacyLedger, ledger_report
+from ..utils.images import class_grid, save_png, to_uint8
+from ..utils.io import atomic_write_json
+from .cache import FeatureCache
+from .classifiers import build_classifier
+from .downstream import TrainingSettings, downstream_accuracy
+from .fidelity import Moments, fid, kid, precision_recall
+from .inception import InceptionFeatures
+from .plots import nearest_real, save_log_curves, save_nearest_neighbours
+from .release import Release
+
+METRICS, NEIGHBOURS, CURVES, SAMPLES = "metrics.json", "nearest_neighbours.png", "training_curves.png", "samples.png"
+NOTE = ("FID, KID, precision/recall and test accuracy compare the release with real data: diagnostics for the "
+        "data holder, not part of the release. Only model selection on the validation split is DP-accounted.")
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The ``evaluation`` config section, checked."""
+
+    num_synthetic: int
+    num_real: int
+    real_split: str
+    fast_inception: bool
+    inception_batch_size: int
+    kid_subsets: int
+    kid_subset_size: int
+    pr_k: int
+    classifiers: tuple[str, ...]
+    classifier_epochs: int
+    classifier_batch_size: int
+    classifier_lr: float
+    selection_epsilon: float
+    nearest_neighbours: int
+    cache_dir: str | None
+    seed: int
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> EvaluationSettings:
+        values = {key: section[key] for key in cls.__dataclass_fields__}
+        values["classifiers"] = tuple(values["classifiers"])
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        for key in ("num_synthetic", "num_real", "inception_batch_size", "kid_subsets", "kid_subset_size", "pr_k",
+                    "classifier_epochs", "classifier_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"evaluation.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.real_split not in ("train", "val", "test"):
+            raise ConfigError(f"evaluation.real_split must be train, val or test, got {self.real_split!r}")
+        if self.classifiers and not self.selection_epsilon > 0:
+            raise ConfigError(f"evaluation.selection_epsilon must be positive, got {self.selection_epsilon}")
+        for name in self.classifiers:
+            build_classifier(name, 1, 2)  # ConfigError for an unknown name
+
+
+def _first(count: int, total: int, seed: int) -> np.ndarray:
+    """``count`` indices of ``total``, a seeded random choice (all when count >= total)."""
+    return np.sort(np.random.default_rng(seed).permutation(total)[:count])
+
+
+def evaluate_release(
+    release: Release,
+    dataset: Dataset,
+    settings: EvaluationSettings,
+    ledger: PrivacyLedger,
+    accountant: Accountant,
+    delta: float,
+    out_dir: str | Path,
+    device: torch.device,
+    log_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics."""
+    out = Path(out_dir)
+    extractor = InceptionFeatures(device, settings.fast_inception, settings.inception_batch_size)
+    cache = FeatureCache(settings.cache_dir)
+    real_set = dataset.split(settings.real_split)
+    real_index = _first(settings.num_real, len(real_set), settings.seed)
+    real_images = to_uint8(real_set.images[torch.from_numpy(real_index)])
+    real = cache.get(real_images, extractor.preprocessing, lambda images: extractor(images, "Inception (real)"))
+    synthetic_index = _first(settings.num_synthetic, len(release), settings.seed + 1)
+    synthetic = extractor(release.images[synthetic_index], "Inception (synthetic)")
+    metrics: dict[str, Any] = {
+        "note": NOTE,
+        "images": {"synthetic": len(synthetic), "real": len(real), "real_split": settings.real_split,
+                   "inception": extractor.preprocessing},
+        "fid": fid(Moments.of(synthetic), Moments.of(real)),
+    }
+    kid_mean, kid_std = kid(synthetic, real, settings.kid_subsets, settings.kid_subset_size, settings.seed)
+    metrics["kid"] = {"mean": kid_mean, "std": kid_std, "subsets": settings.kid_subsets,
+                      "subset_size": min(settings.kid_subset_size, len(synthetic), len(real))}
+    precision, recall = precision_recall(real, synthetic, settings.pr_k)
+    metrics["precision"], metrics["recall"], metrics["pr_k"] = precision, recall, settings.pr_k
+    metrics["accuracy"] = _accuracies(release, dataset, settings, ledger, device)
+    if settings.classifiers:
+        metrics["evaluation_privacy"] = ledger_report(ledger, accountant, delta).get("evaluation")
+    _pictures(release, synthetic_index, synthetic, real_images, real, dataset, settings, out, log_path)
+    atomic_write_json(out / METRICS, metrics)
+    return metrics
+
+
+def _accuracies(release: Release, dataset: Dataset, settings: EvaluationSettings, ledger: PrivacyLedger,
+                device: torch.device) -> dict[str, Any]:
+    training = TrainingSettings(settings.classifier_epochs, settings.classifier_batch_size, settings.classifier_lr)
+    share = settings.selection_epsilon / max(1, len(settings.classifiers))
+    synthetic = release.image_set()
+    return {name: downstream_accuracy(name, synthetic, release.soft_label_tensor(), dataset.val, dataset.test,
+                                      dataset.info.num_classes, training, share, ledger, device, settings.seed)
+            for name in settings.classifiers}
+
+
+def _pictures(release: Release, synthetic_index: np.ndarray, synthetic: np.ndarray, real_images: np.ndarray,
+              real: np.ndarray, dataset: Dataset, settings: EvaluationSettings, out: Path,
+              log_path: str | Path | None) -> None:
+    save_png(class_grid(release.images, release.labels, dataset.info.num_classes), out / SAMPLES)
+    labels = release.labels[synthetic_index]
+    shown = [int(np.flatnonzero(labels == c)[0]) for c in range(dataset.info.num_classes) if (labels == c).any()]
+    shown = shown[:settings.nearest_neighbours]
+    nearest, _ = nearest_real(synthetic[shown].astype(np.float64), real.astype(np.float64))
+    save_nearest_neighbours(release.images[synthetic_index[shown]], real_images[nearest], out / NEIGHBOURS)
+    if log_path is not None and Path(log_path).is_file():
+        save_log_curves(log_path, out / CURVES)

@@ -1,0 +1,54 @@
+"""Reading a synthetic release (``synthetic.npz``) back, checked against the dataset it imitates."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import DatasetInfo, ImageSet
+from ..data.sources import LoadOptions, load_npz
+from ..errors import DataError
+
+
+@dataclass(frozen=True)
+class Release:
+    """Synthetic uint8 images N x C x H x W, hard labels and optional soft labels N x K."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    soft_labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def image_set(self) -> ImageSet:
+        return ImageSet(torch.from_numpy(self.images).float().div_(255), torch.from_numpy(self.labels))
+
+    def soft_label_tensor(self) -> torch.Tensor | None:
+        return None if self.soft_labels is None else torch.from_numpy(self.soft_labels).float()
+
+
+def load_release(path: str | Path, info: DatasetInfo) -> Release:
+    """The release in ``path``; DataError unless its images and labels fit ``info``'s shape and classes."""
+    path = Path(path)
+    raw = load_npz(LoadOptions(data_dir=path))
+    if raw.images.shape[1:] != info.shape:
+        raise DataError(f"{path}: images are {raw.images.shape[1:]} (C x H x W) but dataset {info.name!r} "
+                        f"has {info.shape}; evaluate against the dataset the release imitates")
+    if int(raw.labels.max()) >= info.num_classes:
+        raise DataError(f"{path}: labels reach {int(raw.labels.max())} but {info.name!r} has "
+                        f"{info.num_classes} classes")
+    with np.load(path, allow_pickle=False) as archive:
+        soft = archive["soft_labels"].astype(np.float32) if "soft_labels" in archive.files else None
+    if soft is not None:
+        _check_soft_labels(soft, len(raw.labels), info.num_classes, path)
+    return Release(raw.images, raw.labels, soft)
+
+
+def _check_soft_labels(soft: np.ndarray, count: int, num_classes: int, path: Path) -> None:
+    if soft.shape != (count, num_classes):
+        raise DataError(f"{path}: 'soft_labels' must be {count} x {num_classes}, got {soft.shape}")
+    if not np.isfinite(soft).all() or soft.min() < 0 or not np.allclose(soft.sum(axis=1), 1, atol=1e-3):
+        raise DataError(f"{path}: 'soft_labels' rows must be probability vectors (non-negative, summing to 1)")

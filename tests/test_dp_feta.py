@@ -1,0 +1,121 @@
+"""DP-FETA: the central-image queries' sensitivity and semantics, and a tiny run end to end with resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth.data import ImageSet
+from dpsynth.errors import ConfigError
+from dpsynth.methods.dp_feta.central import CentralQuery, central_images, mean_image, mode_image, pixel_histogram
+from dpsynth.privacy import ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
+
+
+def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0) -> CentralQuery:
+    return CentralQuery(kind, count=3, sample_rate=1.0, noise=noise, clip=clip, bins=bins, count_noise=1e-9)
+
+
+def test_mode_of_the_papers_pixel_set():
+    pixels = torch.tensor([1.0, 3.0, 3.0, 4.0]).view(4, 1, 1, 1) / 4  # {1, 3, 3, 4} with p_max = 4
+    generator = torch.Generator().manual_seed(0)
+    assert pixel_histogram(pixels, 2).tolist() == [[1, 3]]
+    assert float(mode_image(pixels, query("mode", bins=2), generator)) * 4 == 3.0  # centre of bin [2, 4]
+    assert float(mode_image(pixels, query("mode", bins=4), generator)) * 4 == 3.5  # centre of bin [3, 4]
+
+
+def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_b():
+    images, extra = torch.rand(20, 1, 6, 6) * 3, torch.rand(1, 1, 6, 6) * 3  # norms above the clip
+    generator = torch.Generator().manual_seed(0)
+    clip, size = 2.0, 20.0
+    without = mean_image(images, query("mean", clip=clip), size, generator)
+    with_extra = mean_image(torch.cat([images, extra]), query("mean", clip=clip), size, generator)
+    assert 0 < (with_extra - without).norm() <= clip / size + 1e-6
+
+
+def test_neighbouring_datasets_move_the_histogram_by_sqrt_p():
+    images, extra = torch.rand(20, 3, 4, 4), torch.rand(1, 3, 4, 4)
+    change = pixel_histogram(torch.cat([images, extra]), 5) - pixel_histogram(images, 5)
+    assert change.float().norm() == pytest.approx((3 * 4 * 4) ** 0.5)
+
+
+@pytest.mark.parametrize("kind, expected", [("mode", (0.25, 0.75)), ("mean", (0.1, 0.9))])
+def test_per_class_queries_read_only_their_class(tmp_path, kind, expected):
+    labels = torch.tensor([0] * 30 + [1] * 30)
+    images = torch.where(labels.view(-1, 1, 1, 1) == 0, 0.1, 0.9).expand(-1, 1, 5, 5).clone()
+    ledger = PrivacyLedger(tmp_path / "ledger.json")
+    central = central_images(ImageSet(images, labels), 2, query(kind, noise=1e-9), ledger, "central",
+                             torch.Generator().manual_seed(0))
+    assert central.labels.tolist() == [0, 0, 0, 1, 1, 1]
+    for label, value in enumerate(expected):
+        assert torch.allclose(central.images[central.labels == label], torch.tensor(value), atol=1e-4)
+    (event,) = ledger.events()
+    assert isinstance(event, ParallelComposition) and set(event.parts) == {"0", "1"}
+    assert event.parts["0"][0] == SubsampledGaussianMechanism(1e-9, 1.0, 3)
+
+
+def test_bad_central_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="central.kind must be one of mean, mode"):
+        query("median")
+    with pytest.raises(ConfigError, match="central.batch_size"):
+        CentralQuery("mean", 1, 1.5, 1.0, 1.0, 2, 1.0)
+
+
+TINY = ["dp-feta", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
+        "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
+        "--set", "dpsgd.epochs=0.5", "--set", "dpsgd.checkpoint_every=5", "--set", "central.count=2",
+        "--set", "central.batch_size=300", "--set", "central.clip=8.0", "--set", "warmup.iterations=12",
+        "--set", "warmup.batch_size=8", "--set", "warmup.checkpoint_every=4", "--set", "sampling.num_samples=20",
+        "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false"]
+
+
+def dpsynth(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def started(process: subprocess.Popen) -> Path:
+    line = process.stdout.readline()
+    assert line.startswith("run directory: "), line + process.stderr.read()
+    return Path(line.split(": ", 1)[1].strip())
+
+
+def kill_after_warmup_step(process: subprocess.Popen, run: Path, step: int, timeout: float = 300) -> None:
+    """SIGKILL ``process`` once the run has logged warm-up step ``step`` (a checkpoint)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None:
+        log = run / "log.jsonl"
+        if log.exists() and any(json.loads(line).get("event") == "warm-up" and json.loads(line)["step"] >= step
+                                for line in log.read_text().splitlines()):
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.slow
+def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tmp_path):
+    clean = dpsynth(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean_dir = started(clean)
+    assert clean.wait(timeout=300) == 0, clean.stderr.read()
+    report = json.loads((clean_dir / "privacy.json").read_text())
+    assert [stage["name"] for stage in report["stages"]] == ["central-images", "dp-sgd"]
+    assert report["epsilon"] <= 8.0 and report["stages"][0]["partitions"] == 10
+    assert (clean_dir / "central_images.png").exists()
+
+    crash = dpsynth(*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}")
+    crash_dir = started(crash)
+    kill_after_warmup_step(crash, crash_dir, 4)
+    assert not (crash_dir / "synthetic.npz").exists()
+    resumed = dpsynth("--resume", str(crash_dir))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
+    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
+        assert np.array_equal(a["images"], b["images"])

@@ -1,0 +1,162 @@
+"""Evaluation on the real TF-FID Inception network and real data, at small sample counts."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth.cli import main
+from dpsynth.data import ImageSet, load_dataset
+from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.evaluation import InceptionFeatures, Moments, fid, kid, precision_recall
+from dpsynth.evaluation.cache import FeatureCache
+from dpsynth.evaluation.classifiers import build_classifier
+from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
+from dpsynth.evaluation.evaluate import EvaluationSettings
+from dpsynth.evaluation.inception import preprocess
+from dpsynth.privacy import PrivacyLedger, ReportNoisyMax
+from dpsynth.privacy.mechanisms import report_noisy_max
+
+
+@pytest.fixture(scope="module")
+def digits() -> np.ndarray:
+    """120 sklearn digits as uint8 1 x 8 x 8 images."""
+    dataset = load_dataset("digits")
+    return (dataset.train.images[:120] * 255).round().to(torch.uint8).numpy()
+
+
+@pytest.fixture(scope="module")
+def features(digits: np.ndarray) -> dict[str, np.ndarray]:
+    """Inception features of two disjoint clean halves and of the second half with noise added."""
+    extractor = InceptionFeatures("cpu", fast=True)
+    rng = np.random.default_rng(0)
+    clean_a, clean_b = digits[:60], digits[60:]
+    out = {"a": extractor(clean_a), "b": extractor(clean_b)}
+    for level in (40, 120):
+        noisy = np.clip(clean_b + rng.normal(0, level, clean_b.shape), 0, 255).astype(np.uint8)
+        out[f"b+{level}"] = extractor(noisy)
+    return out
+
+
+def test_preprocessing_matches_the_network_input_range():
+    images = np.array([[[[0, 255]]]], dtype=np.uint8).repeat(2, axis=2)
+    batch = preprocess(images)
+    assert batch.shape == (1, 3, 299, 299)
+    assert batch.min() == -1 and batch.max() == pytest.approx(0.9921875)
+    with pytest.raises(DpsynthError, match="uint8 images"):
+        preprocess(images.astype(np.float32))
+
+
+def test_fid_of_a_set_against_itself_is_zero(features):
+    moments = Moments.of(features["a"])
+    assert abs(fid(moments, moments)) < 1e-3
+    assert fid(moments, Moments.of(features["b"])) > 1
+
+
+def test_fid_and_kid_grow_with_noise(features):
+    a = features["a"]
+    fids = [fid(Moments.of(a), Moments.of(features[key])) for key in ("b", "b+40", "b+120")]
+    kids = [kid(a, features[key], subsets=20, subset_size=50)[0] for key in ("b", "b+40", "b+120")]
+    assert fids[0] < fids[1] < fids[2]
+    assert kids[0] < kids[1] < kids[2]
+
+
+def test_precision_drops_when_half_the_synthetic_set_is_noise(features):
+    real, synthetic = features["a"], features["b"]
+    half_noise = np.concatenate([synthetic[:30], features["b+120"][30:]])
+    clean_precision, _ = precision_recall(real, synthetic, k=4)
+    noisy_precision, _ = precision_recall(real, half_noise, k=4)
+    assert noisy_precision < clean_precision - 0.2
+
+
+def test_cache_hit_does_not_call_the_network(tmp_path, digits):
+    extractor = InceptionFeatures("cpu", fast=True)
+    cache = FeatureCache(tmp_path)
+    first = cache.get(digits[:4], extractor.preprocessing, extractor)
+
+    def network_must_not_run(images: np.ndarray) -> np.ndarray:
+        raise AssertionError("the cached features should have been read")
+
+    again = cache.get(digits[:4], extractor.preprocessing, network_must_not_run)
+    assert np.array_equal(first, again)
+    with pytest.raises(AssertionError, match="cached"):  # other images (or preprocessing) miss the cache
+        cache.get(digits[4:8], extractor.preprocessing, network_must_not_run)
+
+
+def test_report_noisy_max_with_tiny_epsilon_ignores_the_counts(tmp_path):
+    counts = torch.tensor([1000] + [0] * 49)
+    ledger = PrivacyLedger(tmp_path / "ledger.json")
+    generator = torch.Generator().manual_seed(0)
+    noisy = [report_noisy_max(counts, 1e-4, ledger, "model-selection", generator, budget="evaluation")
+             for _ in range(20)]
+    exact = report_noisy_max(counts, 100.0, ledger, "model-selection", generator, budget="evaluation")
+    assert exact == 0 and sum(choice != 0 for choice in noisy) >= 15
+    assert ledger.events("evaluation") == [ReportNoisyMax(1e4, count=20), ReportNoisyMax(0.01)]
+    assert ledger.events("synthesis") == []
+
+
+def test_settings_reject_unknown_classifiers_and_bad_counts():
+    from dpsynth.config import BASE_CONFIG
+
+    section = dict(BASE_CONFIG["evaluation"])
+    with pytest.raises(ConfigError, match="unknown classifier 'vgg'"):
+        EvaluationSettings.from_config({**section, "classifiers": ["vgg"]})
+    with pytest.raises(ConfigError, match="evaluation.num_real"):
+        EvaluationSettings.from_config({**section, "num_real": 0})
+
+
+@pytest.mark.slow
+def test_cnn_trained_on_10k_real_fashion_mnist_reaches_88_percent():
+    dataset = load_dataset("fashion-mnist")
+    train = ImageSet(dataset.train.images[:10000], dataset.train.labels[:10000])
+    torch.manual_seed(0)
+    model = build_classifier("cnn", 1, 10)
+    settings = TrainingSettings(epochs=10, batch_size=128, lr=3e-3)
+    train_epochs(model, train.images, train.labels, settings, torch.device("cpu"), torch.Generator().manual_seed(0),
+                 lambda trained: None, "cnn")
+    accuracy = correct_count(model, dataset.test.images, dataset.test.labels, torch.device("cpu")) / len(dataset.test)
+    assert accuracy >= 0.88
+
+
+def test_evaluate_an_npz_from_the_command_line(tmp_path, digits, capsys):
+    labels = np.arange(40) % 10
+    np.savez(tmp_path / "fake.npz", images=digits[:40], labels=labels)
+    code = main(["evaluate", str(tmp_path / "fake.npz"), "--dataset", "digits", "--device", "cpu",
+                 "--set", "evaluation.num_synthetic=40", "--set", "evaluation.num_real=40",
+                 "--set", "evaluation.classifiers=[cnn, resnet]", "--set", "evaluation.classifier_epochs=1",
+                 "--set", "evaluation.kid_subset_size=20", "--set", "evaluation.kid_subsets=5",
+                 "--set", f"evaluation.cache_dir={tmp_path / 'cache'}"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "FID" in printed and "40 synthetic vs 40 real" in printed and "accuracy  resnet" in printed
+    out = tmp_path / "fake-evaluation"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["accuracy"]) == {"cnn", "resnet"}
+    assert metrics["evaluation_privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)  # two selections at 0.5
+    assert len(PrivacyLedger.load(out / "ledger.json").events("evaluation")) == 1  # merged: same noise
+    assert (out / "samples.png").exists() and (out / "nearest_neighbours.png").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: np.savez(p, images=np.zeros((4, 1, 28, 28), np.uint8), labels=np.zeros(4, np.int64)),
+     "images are (1, 28, 28)"),
+    (lambda p: np.savez(p, images=np.zeros((4, 1, 8, 8), np.uint8), labels=np.zeros(4, np.int64),
+                        soft_labels=np.ones((4, 10))), "soft_labels"),
+    (lambda p: p.write_bytes(b"not a zip"), "not a readable .npz"),
+])
+def test_bad_release_files_get_one_clear_error(tmp_path, capsys, make, message):
+    path = tmp_path / "bad.npz"
+    make(path)
+    assert main(["evaluate", str(path), "--dataset", "digits"]) == 2
+    error = capsys.readouterr().err
+    assert message in error and str(path) in error and "Traceback" not in error
+
+
+def test_evaluate_a_missing_path_or_a_run_without_release(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path / "nowhere")]) == 2
+    assert "no such run directory or .npz file" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    assert main(["evaluate", str(tmp_path / "run")]) == 2
+    assert "not a dpsynth run directory" in capsys.readouterr().err
