@@ -45,10 +45,12 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
         f"{'eps share':>11}{'eps alone':>11}",
     ]
     for stage in plan["stages"]:
-        lines.append(
-            f"{stage['name']:<16}{stage['mechanism']:<22}{stage['noise_multiplier']:>12.4f}"
-            f"{stage['sample_rate']:>13.5g}{stage['steps']:>8}{stage['epsilon_share']:>11.4f}"
-            f"{stage['epsilon_alone']:>11.4f}")
+        for index, part in enumerate(stage["mechanisms"]):
+            row = (f"{stage['name'] if index == 0 else '':<16}{part['mechanism']:<22}{part['noise_multiplier']:>12.4f}"
+                   f"{part['sample_rate']:>13.5g}{part['steps']:>8}")
+            if index == 0:
+                row += f"{stage['epsilon_share']:>11.4f}{stage['epsilon_alone']:>11.4f}"
+            lines.append(row)
     lines.append(f"total epsilon = {plan['epsilon']:.4f}")
     return "\n".join(lines)
 
@@ -85,6 +87,7 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
     kid = metrics["kid"]
     lines = [
         f"FID       {metrics['fid']:.2f}   [{counts}]",
+        f"FID-inf   {metrics['fid_infinity']:.2f}   [extrapolated to infinitely many images]",
         f"KID       {kid['mean']:.4f} +- {kid['std']:.4f}   [{kid['subsets']} subsets of {kid['subset_size']}]",
         f"precision {metrics['precision']:.3f}   recall {metrics['recall']:.3f}   [k = {metrics['pr_k']}]",
     ]

@@ -38,11 +38,12 @@ def test_privacy_plan_json_matches_opacus_for_the_paper_preset(capsys, epsilon):
     assert {"epsilon", "delta", "accountant", "stages"} <= set(plan)
     assert plan["accountant"] == "rdp" and plan["delta"] == pytest.approx(default_delta(55000))
     (stage,) = plan["stages"]
-    assert {"name", "noise_multiplier", "sample_rate", "steps", "epsilon_share"} <= set(stage)
-    assert stage["sample_rate"] == pytest.approx(4096 / 55000) and stage["steps"] == 2014
+    assert {"name", "mechanisms", "epsilon_share"} <= set(stage)
+    (part,) = stage["mechanisms"]
+    assert part["sample_rate"] == pytest.approx(4096 / 55000) and part["steps"] == 2014
     expected = get_noise_multiplier(target_epsilon=epsilon, target_delta=plan["delta"],
-                                    sample_rate=stage["sample_rate"], steps=stage["steps"], accountant="rdp")
-    assert stage["noise_multiplier"] == pytest.approx(expected, rel=5e-3)
+                                    sample_rate=part["sample_rate"], steps=part["steps"], accountant="rdp")
+    assert part["noise_multiplier"] == pytest.approx(expected, rel=5e-3)
     assert plan["epsilon"] <= epsilon and stage["epsilon_share"] == pytest.approx(plan["epsilon"])
 
 

@@ -12,15 +12,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
 from dpsynth.errors import ConfigError
-from dpsynth.methods.dp_feta.central import CentralQuery, central_images, mean_image, mode_image, pixel_histogram
+from dpsynth.methods.dp_feta import AUGMENTATIONS, augmented
+from dpsynth.methods.dp_feta.central import (
+    CentralQuery,
+    central_images,
+    mean_image,
+    mode_image,
+    pixel_histogram,
+    pooled,
+)
 from dpsynth.privacy import ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
 
 
-def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0) -> CentralQuery:
-    return CentralQuery(kind, count=3, sample_rate=1.0, noise=noise, clip=clip, bins=bins, count_noise=1e-9)
+def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0, downsample: int = 1,
+          denoise: bool = False) -> CentralQuery:
+    return CentralQuery(kind, count=3, sample_rate=1.0, noise=noise, clip=clip, bins=bins, count_noise=1e-9,
+                        downsample=downsample, denoise=denoise)
 
 
 def test_mode_of_the_papers_pixel_set():
@@ -31,19 +42,41 @@ def test_mode_of_the_papers_pixel_set():
     assert float(mode_image(pixels, query("mode", bins=4), generator)) * 4 == 3.5  # centre of bin [3, 4]
 
 
-def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_b():
-    images, extra = torch.rand(20, 1, 6, 6) * 3, torch.rand(1, 1, 6, 6) * 3  # norms above the clip
+@pytest.mark.parametrize("downsample", [1, 2, 3])
+def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_f_b(downsample):
+    images, extra = torch.rand(20, 1, 6, 6) * 3, torch.ones(1, 1, 6, 6) * 3  # norms above the clip
     generator = torch.Generator().manual_seed(0)
     clip, size = 2.0, 20.0
-    without = mean_image(images, query("mean", clip=clip), size, generator)
-    with_extra = mean_image(torch.cat([images, extra]), query("mean", clip=clip), size, generator)
-    assert 0 < (with_extra - without).norm() <= clip / size + 1e-6
+    without = mean_image(images, query("mean", clip=clip, downsample=downsample), size, generator)
+    with_extra = mean_image(torch.cat([images, extra]), query("mean", clip=clip, downsample=downsample), size,
+                            generator)
+    assert without.shape == (1, 6 // downsample, 6 // downsample)
+    assert (with_extra - without).norm() == pytest.approx(clip / downsample / size, rel=1e-5)
 
 
-def test_neighbouring_datasets_move_the_histogram_by_sqrt_p():
+@pytest.mark.parametrize("downsample", [1, 2])
+def test_neighbouring_datasets_move_the_histogram_by_sqrt_p_over_f(downsample):
     images, extra = torch.rand(20, 3, 4, 4), torch.rand(1, 3, 4, 4)
-    change = pixel_histogram(torch.cat([images, extra]), 5) - pixel_histogram(images, 5)
-    assert change.float().norm() == pytest.approx((3 * 4 * 4) ** 0.5)
+    change = (pixel_histogram(pooled(torch.cat([images, extra]), downsample), 5)
+              - pixel_histogram(pooled(images, downsample), 5))
+    assert change.float().norm() == pytest.approx((3 * 4 * 4) ** 0.5 / downsample)
+
+
+def test_a_downsample_that_does_not_divide_the_image_is_refused():
+    with pytest.raises(ConfigError, match="central.downsample = 3 must divide"):
+        pooled(torch.rand(2, 1, 4, 4), 3)
+
+
+@pytest.mark.parametrize("kind", ["mean", "mode"])
+def test_downsampled_denoised_central_images_come_back_at_full_size(tmp_path, kind):
+    labels = torch.tensor([0] * 40 + [1] * 40)
+    images = torch.zeros(80, 1, 8, 8)
+    images[:40, :, 2:6, 2:6] = 1.0  # class 0: a bright square; class 1: black
+    central = central_images(ImageSet(images, labels), 2, query(kind, noise=1e-9, downsample=2, denoise=True),
+                             PrivacyLedger(tmp_path / "ledger.json"), "central", torch.Generator().manual_seed(0))
+    assert central.images.shape == (6, 1, 8, 8) and central.images.min() >= 0 and central.images.max() <= 1
+    square = central.images[0, 0]
+    assert square[3:5, 3:5].min() > 0.55 and square[0, 0] < 0.3 and central.images[3:].max() < 0.3
 
 
 @pytest.mark.parametrize("kind, expected", [("mode", (0.25, 0.75)), ("mean", (0.1, 0.9))])
@@ -108,6 +141,8 @@ def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tm
     report = json.loads((clean_dir / "privacy.json").read_text())
     assert [stage["name"] for stage in report["stages"]] == ["central-images", "dp-sgd"]
     assert report["epsilon"] <= 8.0 and report["stages"][0]["partitions"] == 10
+    central = {part["mechanism"]: part for part in report["stages"][0]["mechanisms"]}
+    assert central["subsampled_gaussian"]["steps"] == 2 and central["gaussian"]["steps"] == 1  # + class size
     assert (clean_dir / "central_images.png").exists()
 
     crash = dpsynth(*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}")
@@ -119,3 +154,12 @@ def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tm
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
     with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("operation", [op[0][0] for op in AUGMENTATIONS])
+def test_every_warmup_augmentation_works_on_grey_and_colour_images(channels, operation):
+    images = torch.rand(4, channels, 12, 12)
+    policy = [op for op in AUGMENTATIONS if op[0][0] == operation]
+    out = augmented(RandAugment(1, 10, policy=policy), images)
+    assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1

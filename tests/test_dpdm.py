@@ -47,8 +47,9 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     report = json.loads((run / "privacy.json").read_text())
     assert report["epsilon"] <= 8.0 and report["target_epsilon"] == 8.0
     (stage,) = report["stages"]
-    assert stage["name"] == "dp-sgd" and stage["steps"] == int(1 / (64 / 1437))
-    assert PrivacyLedger.load(run / "ledger.json").events()[0].steps == stage["steps"]
+    (part,) = stage["mechanisms"]
+    assert stage["name"] == "dp-sgd" and part["steps"] == int(1 / (64 / 1437))
+    assert PrivacyLedger.load(run / "ledger.json").events()[0].steps == part["steps"]
     with np.load(run / "synthetic.npz") as release:
         assert release["images"].shape == (30, 1, 8, 8) and release["images"].dtype == np.uint8
         assert sorted(set(release["labels"].tolist())) == list(range(10))

@@ -10,7 +10,7 @@ import torch
 from dpsynth.cli import main
 from dpsynth.data import ImageSet, load_dataset
 from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.evaluation import InceptionFeatures, Moments, fid, kid, precision_recall
+from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, kid, precision_recall
 from dpsynth.evaluation.cache import FeatureCache
 from dpsynth.evaluation.classifiers import build_classifier
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
@@ -53,6 +53,16 @@ def test_fid_of_a_set_against_itself_is_zero(features):
     moments = Moments.of(features["a"])
     assert abs(fid(moments, moments)) < 1e-3
     assert fid(moments, Moments.of(features["b"])) > 1
+
+
+def test_fid_infinity_removes_the_small_sample_bias():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(800, 40)), rng.normal(size=(800, 40))
+    shift = np.zeros(40)
+    shift[0] = 2.0  # true FID between N(0, I) and N(shift, I) is |shift|^2 = 4
+    assert fid(Moments.of(x), Moments.of(y)) > 1.0  # biased: the true value is 0
+    assert abs(fid_infinity(x, y)) < 0.3
+    assert fid_infinity(x, y + shift) == pytest.approx(4.0, abs=0.75)  # the mean estimates are noisy
 
 
 def test_fid_and_kid_grow_with_noise(features):

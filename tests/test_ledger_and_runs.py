@@ -68,7 +68,8 @@ def test_ledger_report_separates_evaluation_budget():
     shares = [stage["epsilon_share"] for stage in report["stages"]]
     assert [stage["name"] for stage in report["stages"]] == ["central-images", "dp-sgd"]
     assert sum(shares) == pytest.approx(report["epsilon"])
-    assert report["stages"][1]["steps"] == 300 and report["stages"][1]["sample_rate"] == 0.02
+    assert report["stages"][1]["mechanisms"] == [
+        {"mechanism": "subsampled_gaussian", "noise_multiplier": 1.0, "sample_rate": 0.02, "steps": 300}]
     assert report["evaluation"]["epsilon"] == pytest.approx(0.1, rel=1e-3)
 
 

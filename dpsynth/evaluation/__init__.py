@@ -1,8 +1,8 @@
 """Evaluation: FID / KID / precision-recall on TF-FID Inception features, downstream accuracy, pictures."""
 from .evaluate import METRICS, EvaluationSettings, evaluate_release
-from .fidelity import Moments, fid, kid, precision_recall
+from .fidelity import Moments, fid, fid_infinity, kid, precision_recall
 from .inception import InceptionFeatures
 from .release import Release, load_release
 
 __all__ = ["METRICS", "EvaluationSettings", "InceptionFeatures", "Moments", "Release", "evaluate_release", "fid",
-           "kid", "load_release", "precision_recall"]
+           "fid_infinity", "kid", "load_release", "precision_recall"]

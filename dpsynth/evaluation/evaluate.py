@@ -22,7 +22,7 @@ from ..utils.io import atomic_write_json
 from .cache import FeatureCache
 from .classifiers import build_classifier
 from .downstream import TrainingSettings, downstream_accuracy
-from .fidelity import Moments, fid, kid, precision_recall
+from .fidelity import Moments, fid, fid_infinity, kid, precision_recall
 from .inception import InceptionFeatures
 from .plots import nearest_real, save_log_curves, save_nearest_neighbours
 from .release import Release
@@ -105,6 +105,7 @@ def evaluate_release(
         "images": {"synthetic": len(synthetic), "real": len(real), "real_split": settings.real_split,
                    "inception": extractor.preprocessing},
         "fid": fid(Moments.of(synthetic), Moments.of(real)),
+        "fid_infinity": fid_infinity(synthetic, real, seed=settings.seed),
     }
     kid_mean, kid_std = kid(synthetic, real, settings.kid_subsets, settings.kid_subset_size, settings.seed)
     metrics["kid"] = {"mean": kid_mean, "std": kid_std, "subsets": settings.kid_subsets,

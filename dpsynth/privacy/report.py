@@ -14,7 +14,8 @@ def _worst_part(event: ParallelComposition, accountant: Accountant, delta: float
 
 
 def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, delta: float) -> dict[str, Any]:
-    """Name, noise multiplier, sample rate and steps of a stage (its worst partition if per-class)."""
+    """Name and mechanisms of a stage (of its worst partition if per-class): one entry per kind of
+    mechanism, noise multiplier and sample rate, with the number of times it ran."""
     flat: list[SimpleEvent] = []
     partitions = 0
     for event in events:
@@ -23,14 +24,13 @@ def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, d
             flat += _worst_part(event, accountant, delta)
         else:
             flat.append(event)
-    kinds = sorted({event.kind for event in flat})
-    summary: dict[str, Any] = {
-        "name": name,
-        "mechanism": "+".join(kinds),
-        "noise_multiplier": min(event.noise_multiplier for event in flat),
-        "sample_rate": max(getattr(event, "sample_rate", 1.0) for event in flat),
-        "steps": sum(_repetitions(event) for event in flat),
-    }
+    steps: dict[tuple[str, float, float], int] = {}
+    for event in flat:
+        key = (event.kind, event.noise_multiplier, getattr(event, "sample_rate", 1.0))
+        steps[key] = steps.get(key, 0) + _repetitions(event)
+    summary: dict[str, Any] = {"name": name, "mechanisms": [
+        {"mechanism": kind, "noise_multiplier": noise, "sample_rate": rate, "steps": count}
+        for (kind, noise, rate), count in steps.items()]}
     if partitions:
         summary["partitions"] = partitions
     return summary

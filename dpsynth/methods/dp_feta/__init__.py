@@ -27,6 +27,13 @@ CENTRAL_IMAGES = "central_images.png"
 AUGMENTATIONS = [subpolicy for subpolicy in default_policy if subpolicy[0][0] != "invert"]
 
 
+def augmented(augment: RandAugment, images: torch.Tensor) -> torch.Tensor:
+    """``images`` through ``augment``; grey images go through as RGB (the colour op needs three channels)."""
+    if images.shape[1] != 1:
+        return augment(images)
+    return augment(images.expand(-1, 3, -1, -1))[:, :1]
+
+
 def _merged(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     merged = copy.deepcopy(base)
     for section, values in extra.items():
@@ -42,8 +49,8 @@ class DPFETA(DPDM):
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     sections = {
         **DPDM.sections,
-        "central": {"kind": "mean", "count": 50, "batch_size": 6000, "noise_multiplier": 5.0, "clip": 28.0,
-                    "bins": 2, "count_noise": 100.0},
+        "central": {"kind": "mean", "count": 5, "batch_size": 6000, "noise_multiplier": 5.0, "clip": 28.0,
+                    "bins": 2, "count_noise": 100.0, "downsample": 2, "denoise": True},
         "warmup": {"iterations": 2000, "batch_size": 64, "lr": 1e-4, "augment": True, "augment_ops": 2,
                    "augment_magnitude": 10, "checkpoint_every": 500},
     }
@@ -52,7 +59,7 @@ class DPFETA(DPDM):
         "paper": DPDM.presets["paper"],
         # DPDM's cpu preset, with part of its DP-SGD time given to the warm-up (see the README).
         "cpu": _merged(DPDM.presets["cpu"], {
-            "dpsgd": {"epochs": 3.5},
+            "dpsgd": {"epochs": 3.25},
             "warmup": {"iterations": 1000, "lr": 1e-3, "checkpoint_every": 250},
         }),
     }
@@ -61,7 +68,7 @@ class DPFETA(DPDM):
         settings = self.config["central"]
         return CentralQuery(settings["kind"], settings["count"], settings["batch_size"] / info.num_train,
                             settings["noise_multiplier"], settings["clip"], settings["bins"],
-                            settings["count_noise"])
+                            settings["count_noise"], settings["downsample"], settings["denoise"])
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         settings = self.config["dpsgd"]
@@ -107,7 +114,7 @@ class DPFETA(DPDM):
             index = torch.randint(len(central), (settings["batch_size"],), generator=context.generator)
             images, labels, times, noise = make_batch(index)
             if settings["augment"]:
-                images = augment(images)
+                images = augmented(augment, images)
             loss = self.diffusion.batch_loss(model, images, labels, times, noise)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -7,12 +7,20 @@ parallel composition, before any noisy output exists.
 Mean images (Alg. 1) divide a noisy clipped sum by the expected sample size q * n_c. The paper takes
 the class size n_c as known; it is a statistic of the private data, so here each class's size is
 released once with Gaussian noise (``count_noise``) and recorded too. Mode images (Alg. 2) need no size.
+
+As in the authors' code (not the paper's text), both queries can run at 1/``downsample`` of the
+resolution: an f x f average pool maps an image of L2 norm C to one of norm at most C / f, and a
+histogram over P / f^2 pooled pixels has L2 sensitivity sqrt(P) / f, so the same noise multiplier
+gives f times less noise per pixel. The result is upsampled bilinearly and, with ``denoise``, median
+filtered and sharpened (post-processing, free).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from kornia.filters import filter2d, median_blur
 
 from ...data import ImageSet
 from ...errors import ConfigError
@@ -28,7 +36,8 @@ class CentralQuery:
     """``count`` queries per class at rate ``sample_rate`` with noise multiplier ``noise``.
 
     ``clip`` bounds each image's L2 norm (mean images); ``bins`` is the histogram size (mode images);
-    ``count_noise`` is the noise multiplier of each class-size release (mean images).
+    ``count_noise`` is the noise multiplier of each class-size release (mean images); ``downsample``
+    is the pooling factor the queries run at; ``denoise`` median-filters and sharpens the results.
     """
 
     kind: str
@@ -38,6 +47,8 @@ class CentralQuery:
     clip: float
     bins: int
     count_noise: float
+    downsample: int = 1
+    denoise: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -47,6 +58,8 @@ class CentralQuery:
                               "it must lie in (0, 1]: use a batch size no larger than the training set")
         if self.kind == "mode" and self.bins < 2:
             raise ConfigError(f"central.bins must be at least 2, got {self.bins}")
+        if self.downsample < 1:
+            raise ConfigError(f"central.downsample must be a positive integer, got {self.downsample}")
 
     def class_events(self) -> tuple[SimpleEvent, ...]:
         """What the queries of one class do."""
@@ -57,10 +70,20 @@ class CentralQuery:
         return ParallelComposition("label", {str(c): self.class_events() for c in range(num_classes)})
 
 
+def pooled(images: torch.Tensor, factor: int) -> torch.Tensor:
+    """``images`` average-pooled by ``factor`` (each side must divide); L2 norms shrink by at least ``factor``."""
+    if images.shape[-1] % factor or images.shape[-2] % factor:
+        raise ConfigError(f"central.downsample = {factor} must divide the image size {tuple(images.shape[-2:])}")
+    return F.avg_pool2d(images, factor) if factor > 1 else images
+
+
 def mean_image(images: torch.Tensor, query: CentralQuery, size: float, generator: torch.Generator) -> torch.Tensor:
-    """One noisy mean (Alg. 1): clipped sum of a Poisson sample plus N(0, (sigma C)^2), over q * size."""
-    chosen = clip_rows(images[poisson_sample(len(images), query.sample_rate, generator)], query.clip)
-    total = chosen.sum(dim=0) + gaussian_noise(images.shape[1:], query.noise * query.clip, generator, images)
+    """One noisy mean (Alg. 1) at 1/f resolution: clipped sum of a Poisson sample plus N(0, (sigma C / f)^2),
+    over q * size."""
+    clip = query.clip / query.downsample
+    small = pooled(images[poisson_sample(len(images), query.sample_rate, generator)], query.downsample)
+    total = clip_rows(small, clip).sum(dim=0)
+    total = total + gaussian_noise(total.shape, query.noise * clip, generator, total)
     return (total / (query.sample_rate * size)).clamp(0, 1)
 
 
@@ -71,15 +94,30 @@ def pixel_histogram(images: torch.Tensor, bins: int) -> torch.Tensor:
 
 
 def mode_image(images: torch.Tensor, query: CentralQuery, generator: torch.Generator) -> torch.Tensor:
-    """One noisy mode image (Alg. 2): per-pixel histogram plus N(0, sigma^2 P), centre of the noisy argmax bin.
+    """One noisy mode image (Alg. 2) at 1/f resolution: per-pixel histogram plus N(0, sigma^2 P), centre of
+    the noisy argmax bin.
 
-    Adding or removing one image changes one bin of every pixel by 1: L2 sensitivity sqrt(P).
+    Adding or removing one image changes one bin of every one of the P pooled pixels by 1: L2 sensitivity
+    sqrt(P).
     """
-    histogram = pixel_histogram(images[poisson_sample(len(images), query.sample_rate, generator)], query.bins)
+    small = pooled(images[poisson_sample(len(images), query.sample_rate, generator)], query.downsample)
+    histogram = pixel_histogram(small, query.bins)
     pixels = histogram.shape[0]
     noisy = histogram.double() + gaussian_noise(histogram.shape, query.noise * pixels ** 0.5, generator,
                                                 histogram.double())
-    return ((noisy.argmax(dim=1).float() + 0.5) / query.bins).reshape(images.shape[1:])
+    return ((noisy.argmax(dim=1).float() + 0.5) / query.bins).reshape(small.shape[1:])
+
+
+SHARPEN = torch.tensor([[[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]]])
+
+
+def restored(images: torch.Tensor, size: tuple[int, int], denoise: bool) -> torch.Tensor:
+    """Low-resolution central images upsampled bilinearly to ``size``, then median-filtered and sharpened."""
+    if images.shape[-2:] != size:
+        images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+    if denoise:
+        images = filter2d(median_blur(images, 3), SHARPEN.to(images), border_type="replicate")
+    return images.clamp(0, 1)
 
 
 def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledger: PrivacyLedger, stage: str,
@@ -96,4 +134,6 @@ def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledge
         else:
             images += [mode_image(members, query, generator) for _ in range(query.count)]
         labels += [label] * query.count
-    return ImageSet(torch.stack(images), torch.tensor(labels, dtype=torch.long))
+    height, width = train.images.shape[-2:]
+    full = restored(torch.stack(images), (height, width), query.denoise)
+    return ImageSet(full, torch.tensor(labels, dtype=torch.long))
