@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from scipy import linalg
 
 from dpsynth.cli import main
 from dpsynth.data import ImageSet, load_dataset
@@ -53,6 +54,13 @@ def test_fid_of_a_set_against_itself_is_zero(features):
     moments = Moments.of(features["a"])
     assert abs(fid(moments, moments)) < 1e-3
     assert fid(moments, Moments.of(features["b"])) > 1
+
+
+def test_fid_matches_the_reference_formula_with_a_general_matrix_square_root():
+    rng = np.random.default_rng(1)
+    a, b = Moments.of(rng.normal(size=(300, 50))), Moments.of(rng.normal(size=(300, 50)) * 1.5 + 0.3)
+    reference = (a.mean - b.mean) @ (a.mean - b.mean) + np.trace(a.cov + b.cov - 2 * linalg.sqrtm(a.cov @ b.cov).real)
+    assert fid(a, b) == pytest.approx(reference, rel=1e-8)
 
 
 def test_fid_infinity_removes_the_small_sample_bias():

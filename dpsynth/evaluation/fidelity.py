@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import linalg
 
 from ..errors import DpsynthError
 
@@ -26,15 +25,21 @@ class Moments:
         return cls(features.mean(axis=0), np.cov(features, rowvar=False), len(features))
 
 
+def _sqrt_psd(matrix: np.ndarray) -> np.ndarray:
+    values, vectors = np.linalg.eigh(matrix)
+    return (vectors * np.sqrt(values.clip(min=0))) @ vectors.T
+
+
 def fid(a: Moments, b: Moments) -> float:
-    """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017)."""
-    covmean = linalg.sqrtm(a.cov @ b.cov)
-    if not np.isfinite(covmean).all():  # singular product: regularise as the reference implementation
-        offset = np.eye(len(a.cov)) * 1e-6
-        covmean = linalg.sqrtm((a.cov + offset) @ (b.cov + offset))
-    covmean = covmean.real
+    """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017).
+
+    tr sqrt(S_a S_b) = tr sqrt(S_a^1/2 S_b S_a^1/2), a symmetric PSD matrix: two symmetric eigendecompositions
+    instead of a general matrix square root (scipy's ``sqrtm``, 10-50x slower at 2048 dimensions).
+    """
+    root = _sqrt_psd(a.cov)
+    middle = np.linalg.eigvalsh(root @ b.cov @ root)
     diff = a.mean - b.mean
-    return float(diff @ diff + np.trace(a.cov) + np.trace(b.cov) - 2 * np.trace(covmean))
+    return float(diff @ diff + np.trace(a.cov) + np.trace(b.cov) - 2 * np.sqrt(middle.clip(min=0)).sum())
 
 
 def fid_infinity(x: np.ndarray, y: np.ndarray, points: int = 5, seed: int = 0) -> float:
