@@ -66,19 +66,22 @@ def _privacy(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    from .evaluation import METRICS
     from .pipeline import resume, start
 
     if args.resume:
         if args.method:
             raise DpsynthError("--resume takes its method and config from the run directory; give no METHOD")
-        resume(args.resume)
-        return
-    if not args.method:
+        run = resume(args.resume)
+    elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
-    config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
-                            data_dir=args.data_dir, overrides=args.set + ([f"run.device={args.device}"]
-                                                                         if args.device else []))
-    start(config)
+    else:
+        config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
+                                data_dir=args.data_dir, overrides=args.set + ([f"run.device={args.device}"]
+                                                                             if args.device else []))
+        run = start(config)
+    if run.file(METRICS).exists():
+        print(_format_metrics(json.loads(run.file(METRICS).read_text())))
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:

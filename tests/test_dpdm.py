@@ -44,6 +44,8 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     process = dpsynth("dpdm", *TINY, *[arg for pair in evaluation for arg in ("--set", pair)], out_dir=tmp_path)
     run = run_dir_of(process)
     assert process.wait(timeout=300) == 0, process.stderr.read()
+    printed = process.stdout.read()
+    assert "FID " in printed and "[30 synthetic vs 30 real (train split)]" in printed and "accuracy  cnn" in printed
     report = json.loads((run / "privacy.json").read_text())
     assert report["epsilon"] <= 8.0 and report["target_epsilon"] == 8.0
     (stage,) = report["stages"]
