@@ -1,9 +1,12 @@
-"""Shared fixtures: small dataset files written in the real on-disk formats."""
+"""Shared fixtures: small dataset files written in the real on-disk formats; running and killing `dpsynth run`."""
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -54,3 +57,43 @@ def kill_after_recorded_steps(process: subprocess.Popen, run_dir: Path, steps: i
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+def dpsynth_run(*args: str) -> subprocess.Popen:
+    """`python -m dpsynth run ARGS` in the background, output unbuffered."""
+    return subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def started(process: subprocess.Popen) -> Path:
+    """The run directory the run prints first."""
+    line = process.stdout.readline()
+    assert line.startswith("run directory: "), line + process.stderr.read()
+    return Path(line.split(": ", 1)[1].strip())
+
+
+def kill_after_warmup_step(process: subprocess.Popen, run: Path, step: int, phase: str,
+                           timeout: float = 300) -> None:
+    """SIGKILL ``process`` once the run has logged step ``step`` of warm-up ``phase`` (a checkpoint)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None:
+        log = run / "log.jsonl"
+        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if any(e.get("event") == "warm-up" and e["phase"] == phase and e["step"] >= step for e in entries):
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def assert_killed_warm_up_resumes_to(clean_dir: Path, args: list[str], step: int, phase: str) -> None:
+    """A run of ``args`` killed after ``step`` of warm-up ``phase`` resumes to ``clean_dir``'s ledger and images."""
+    crash = dpsynth_run(*args)
+    crash_dir = started(crash)
+    kill_after_warmup_step(crash, crash_dir, step, phase)
+    assert not (crash_dir / "synthetic.npz").exists()
+    resumed = dpsynth_run("--resume", str(crash_dir))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
+    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
+        assert np.array_equal(a["images"], b["images"])

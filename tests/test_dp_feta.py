@@ -2,16 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from conftest import assert_killed_warm_up_resumes_to, dpsynth_run, started
 from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
@@ -109,33 +103,9 @@ TINY = ["dp-feta", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
         "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false"]
 
 
-def dpsynth(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def started(process: subprocess.Popen) -> Path:
-    line = process.stdout.readline()
-    assert line.startswith("run directory: "), line + process.stderr.read()
-    return Path(line.split(": ", 1)[1].strip())
-
-
-def kill_after_warmup_step(process: subprocess.Popen, run: Path, step: int, timeout: float = 300) -> None:
-    """SIGKILL ``process`` once the run has logged warm-up step ``step`` (a checkpoint)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and process.poll() is None:
-        log = run / "log.jsonl"
-        if log.exists() and any(json.loads(line).get("event") == "warm-up" and json.loads(line)["step"] >= step
-                                for line in log.read_text().splitlines()):
-            break
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-
-
 @pytest.mark.slow
 def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tmp_path):
-    clean = dpsynth(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean = dpsynth_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
     clean_dir = started(clean)
     assert clean.wait(timeout=300) == 0, clean.stderr.read()
     report = json.loads((clean_dir / "privacy.json").read_text())
@@ -145,15 +115,7 @@ def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tm
     assert central["subsampled_gaussian"]["steps"] == 2 and central["gaussian"]["steps"] == 1  # + class size
     assert (clean_dir / "central_images.png").exists()
 
-    crash = dpsynth(*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}")
-    crash_dir = started(crash)
-    kill_after_warmup_step(crash, crash_dir, 4)
-    assert not (crash_dir / "synthetic.npz").exists()
-    resumed = dpsynth("--resume", str(crash_dir))
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
-    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
-        assert np.array_equal(a["images"], b["images"])
+    assert_killed_warm_up_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"], 4, "warmup")
 
 
 @pytest.mark.parametrize("channels", [1, 3])

@@ -59,6 +59,11 @@ class Diffusion:
     def sample(self, model: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
                steps: int = 50, guidance: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
         """DDIM samples (eta = 0) for ``labels``, in [0, 1]; guidance w gives out_u + (1 + w)(out_c - out_u)."""
+        return self.ddim(model, labels, shape, null_label, steps, guidance, generator).cpu()
+
+    def ddim(self, model: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
+             steps: int, guidance: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+        """As :meth:`sample`, but differentiable (under autograd when enabled) and on the model's device."""
         device = next(model.parameters()).device
         scheduler = DDIMScheduler.from_config(self.train_scheduler.config)
         scheduler.set_timesteps(steps)
@@ -74,4 +79,4 @@ class Diffusion:
             else:
                 out = model(x, time, class_labels=labels).sample
             x = scheduler.step(out, t, x).prev_sample
-        return ((x + 1) / 2).clamp(0, 1).cpu()
+        return ((x + 1) / 2).clamp(0, 1)

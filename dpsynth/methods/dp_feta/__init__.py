@@ -7,6 +7,7 @@ afterwards so the whole run meets the target epsilon (the paper's three-step pro
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +23,9 @@ from ..dpdm import DPDM
 from .central import CentralQuery, central_images
 
 CENTRAL_IMAGES = "central_images.png"
+# Checkpoint keys of artefacts computed from private data (released: restored on resume, never recomputed).
+RELEASED_PREFIXES = ("central_", "frequency_", "auxiliary_")
+LossFn = Callable[[torch.nn.Module, int], torch.Tensor]
 # kornia's RandAugment operations without "invert": 14, as the paper's bag (inverted garments or digits
 # are not images of the data).
 AUGMENTATIONS = [subpolicy for subpolicy in default_policy if subpolicy[0][0] != "invert"]
@@ -77,52 +81,85 @@ class DPFETA(DPDM):
         return (central if self.config["central"]["count"] > 0 else []) + [
             PlannedStage("dp-sgd", calibrated=schedule.event)]
 
+    def warmup_phases(self) -> list[str]:
+        """Names of the non-private training phases, in order (each a checkpointed ``phase``)."""
+        return ["warmup"]
+
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Query the central images (or restore them), save their grid, then warm up on them."""
         if self.config["central"]["count"] == 0:
             return
-        info, state = context.dataset.info, context.state
-        if state is None:
-            central = central_images(context.dataset.train, info.num_classes, self._query(info), context.ledger,
-                                     "central-images", context.generator)
-            state = {"phase": "warmup", "step": 0, "central_images": central.images,
-                     "central_labels": central.labels}
-            context.checkpoint({**state, "rng": context.generator.get_state()})
-        else:
-            central = ImageSet(state["central_images"], state["central_labels"])
-        save_png(class_grid(to_uint8(central.images), central.labels.numpy(), info.num_classes),
-                 context.run.file(CENTRAL_IMAGES))
-        self._warm_up(context, model, central, state)
-
-    def _warm_up(self, context: RunContext, model: torch.nn.Module, central: ImageSet, state: dict[str, Any]
-                 ) -> None:
-        """Non-private training on augmented central images (post-processing: no privacy cost)."""
+        self._restore(context, model)
+        central = self._released_central(context)
         settings = self.config["warmup"]
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
-        start = state["step"]
+        self._train_phase(context, model, "warmup", settings, self._diffusion_loss(context, central, settings))
+
+    def _restore(self, context: RunContext, model: torch.nn.Module) -> None:
+        """Released artefacts, model and RNGs of the checkpoint being resumed (nothing on a fresh run)."""
+        state = context.state or {}
+        self._released = {key: state[key] for key in state if key.startswith(RELEASED_PREFIXES)}
         if "model" in state:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
         if "rng" in state:
             context.generator.set_state(state["rng"])
+
+    def _checkpoint(self, context: RunContext, phase: str, step: int, **training: Any) -> None:
+        """Checkpoint at ``step`` of ``phase`` with every released artefact so far."""
+        context.checkpoint({"phase": phase, "step": step, **self._released, **training,
+                            "rng": context.generator.get_state()})
+
+    def _released_central(self, context: RunContext) -> ImageSet:
+        """The central images: restored, or queried (recorded first) and checkpointed; saves their grid."""
+        info = context.dataset.info
+        if "central_images" not in self._released:
+            central = central_images(context.dataset.train, info.num_classes, self._query(info), context.ledger,
+                                     "central-images", context.generator)
+            self._released.update(central_images=central.images, central_labels=central.labels)
+            self._checkpoint(context, self.warmup_phases()[0], 0)
+        central = ImageSet(self._released["central_images"], self._released["central_labels"])
+        per_class = min(10, self.config["central"]["count"])
+        save_png(class_grid(to_uint8(central.images), central.labels.numpy(), info.num_classes, per_class),
+                 context.run.file(CENTRAL_IMAGES))
+        return central
+
+    def _diffusion_loss(self, context: RunContext, data: ImageSet, settings: dict[str, Any]) -> LossFn:
+        """The diffusion loss on a random batch of ``data``, RandAugmented when ``settings['augment']``."""
         augment = RandAugment(settings["augment_ops"], settings["augment_magnitude"], policy=AUGMENTATIONS)
-        make_batch = self._batch_maker(context, central)
-        model.train()
-        for step in tqdm(range(start, settings["iterations"]), desc="warm-up", initial=start,
-                         total=settings["iterations"], dynamic_ncols=True):
-            index = torch.randint(len(central), (settings["batch_size"],), generator=context.generator)
+        make_batch = self._batch_maker(context, data)
+
+        def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+            index = torch.randint(len(data), (batch_size,), generator=context.generator)
             images, labels, times, noise = make_batch(index)
             if settings["augment"]:
                 images = augmented(augment, images)
-            loss = self.diffusion.batch_loss(model, images, labels, times, noise)
+            return self.diffusion.batch_loss(model, images, labels, times, noise)
+
+        return loss
+
+    def _train_phase(self, context: RunContext, model: torch.nn.Module, phase: str, settings: dict[str, Any],
+                     loss_fn: LossFn) -> None:
+        """Non-private Adam on ``loss_fn`` for ``settings['iterations']`` (post-processing: no privacy cost).
+
+        Skipped when the resumed checkpoint is in a later phase; continued from its step when in this one.
+        """
+        phases, state = self.warmup_phases(), context.state or {}
+        resumed = phases.index(state["phase"]) if state.get("phase") in phases else -1
+        if resumed > phases.index(phase):
+            return
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
+        start = state["step"] if resumed == phases.index(phase) else 0
+        if start and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+        model.train()
+        for step in tqdm(range(start, settings["iterations"]), desc=phase, initial=start,
+                         total=settings["iterations"], dynamic_ncols=True):
+            loss = loss_fn(model, settings["batch_size"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             done = step + 1
             if done % settings["checkpoint_every"] == 0 or done == settings["iterations"]:
-                context.checkpoint({"phase": "warmup", "step": done, "central_images": central.images,
-                                    "central_labels": central.labels, "model": model.state_dict(),
-                                    "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                                    "rng": context.generator.get_state()})
-                context.log("warm-up", step=done, loss=float(loss))
+                self._checkpoint(context, phase, done, model=model.state_dict(),
+                                 optimizer=optimizer.state_dict(), torch_rng=torch.get_rng_state())
+                context.log("warm-up", phase=phase, step=done, loss=float(loss))

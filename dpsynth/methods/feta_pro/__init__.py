@@ -1,0 +1,198 @@
+"""FETA-Pro (Li et al.): spatial (central images) -> frequency (random Fourier features) -> DP-SGD curriculum.
+
+Three mechanisms share one budget: DP-FETA's central images, the noisy per-class mean random Fourier
+features, and DP-SGD, whose noise is calibrated last. An auxiliary one-step generator is fitted to the
+noisy features (no private data) and its images warm up the diffusion model after the central images.
+``curriculum.order`` selects the paper's RQ2 variants.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...data import DatasetInfo, ImageSet
+from ...errors import ConfigError
+from ...models.generator import ConditionalGenerator
+from ...privacy import DpsgdSchedule, PlannedStage
+from ...utils.images import class_grid, save_png, to_uint8
+from ..base import RunContext, register
+from ..dp_feta import DPFETA, LossFn, _merged
+from ..dp_feta.central import CentralQuery
+from .auxiliary import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
+from .features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+
+AUXILIARY_IMAGES = "auxiliary_images.png"
+# Phases of each curriculum order; "no-auxiliary" fits the diffusion model's own samples to the features.
+ORDERS = {
+    "spatial-frequency": ["warmup-spatial", "warmup-frequency"],
+    "frequency-spatial": ["warmup-frequency", "warmup-spatial"],
+    "simultaneous": ["warmup-joint"],
+    "frequency": ["warmup-frequency"],
+    "no-auxiliary": ["warmup-spatial", "warmup-frequency"],
+}
+# DPImageBench's noise multipliers at epsilon = 1 and 10 (central images, frequency features); a noise
+# multiplier of None (the default) interpolates them log-log in the run's epsilon:
+# sigma(eps) = sigma_1 * eps ** -log10(sigma_1 / sigma_10).
+AUTO_NOISE = {"central": (20.0, 5.0), "frequency": (26.6, 7.4)}
+
+
+def auto_noise(section: str, epsilon: float) -> float:
+    """The default noise multiplier of ``section`` at a total budget of ``epsilon``."""
+    at_1, at_10 = AUTO_NOISE[section]
+    return at_1 * epsilon ** -math.log10(at_1 / at_10)
+
+
+@register
+class FETAPro(DPFETA):
+    """Central images and auxiliary-generator images warm up the diffusion model before DP-SGD."""
+
+    name = "feta-pro"
+    description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
+    sections = {
+        **DPFETA.sections,
+        "central": {**DPFETA.sections["central"], "noise_multiplier": None},
+        "frequency": {"features": 10000, "bandwidth": 105.0, "noise_multiplier": None, "count_noise": 100.0,
+                      "seed": 0},
+        "generator": {"latent": 60, "width": 64, "epochs": 5, "iterations_per_epoch": 550, "batch_size": 100,
+                      "lr": 0.01, "lr_decay": 0.9, "images": 60000},
+        "frequency_warmup": {"iterations": 2344, "batch_size": 256, "lr": 3e-4, "augment": False, "augment_ops": 2,
+                             "augment_magnitude": 10, "checkpoint_every": 500, "sample_steps": 4},
+        "curriculum": {"order": "spatial-frequency"},
+    }
+    presets = {
+        # Table 9 (F-MNIST / MNIST): 50 central images, spatial warm-up 1000 x 50, frequency warm-up
+        # 10 epochs of 60k generated images at batch 256; DP-SGD as DPDM's paper preset.
+        "paper": _merged(DPFETA.presets["paper"], {"warmup": {"iterations": 1000, "batch_size": 50}}),
+        # DP-FETA's cpu preset with part of the DP-SGD time given to the frequency stage (see the README).
+        "cpu": _merged(DPFETA.presets["cpu"], {
+            "dpsgd": {"epochs": 2.75},
+            "warmup": {"iterations": 500},
+            "generator": {"epochs": 3, "iterations_per_epoch": 200, "images": 10000},
+            "frequency_warmup": {"iterations": 1000, "batch_size": 64, "lr": 1e-3, "checkpoint_every": 250},
+        }),
+    }
+
+    def _order(self) -> str:
+        order = self.config["curriculum"]["order"]
+        if order not in ORDERS:
+            raise ConfigError(f"curriculum.order must be one of {', '.join(ORDERS)}, got {order!r}")
+        return order
+
+    def _noise(self, section: str) -> float:
+        value = self.config[section]["noise_multiplier"]
+        if value is None:
+            return auto_noise(section, self.config["privacy"]["epsilon"])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{section}.noise_multiplier must be a positive number or null (DPImageBench's "
+                              f"value for the run's epsilon), got {value!r}")
+        return float(value)
+
+    def _uses_central(self) -> bool:
+        return self._order() != "frequency" and self.config["central"]["count"] > 0
+
+    def _query(self, info: DatasetInfo) -> CentralQuery:
+        settings = self.config["central"]
+        return CentralQuery(settings["kind"], settings["count"], settings["batch_size"] / info.num_train,
+                            self._noise("central"), settings["clip"], settings["bins"],
+                            settings["count_noise"], settings["downsample"], settings["denoise"])
+
+    def _frequency_query(self) -> FrequencyQuery:
+        return FrequencyQuery(self._noise("frequency"), self.config["frequency"]["count_noise"])
+
+    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        settings = self.config["dpsgd"]
+        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], info.num_train)
+        central = [PlannedStage("central-images", self._query(info).event(info.num_classes))]
+        return ((central if self._uses_central() else [])
+                + [PlannedStage("frequency-features", self._frequency_query().event(info.num_classes)),
+                   PlannedStage("dp-sgd", calibrated=schedule.event)])
+
+    def warmup_phases(self) -> list[str]:
+        return ORDERS[self._order()] if self._uses_central() else ["warmup-frequency"]
+
+    def _features(self, info: DatasetInfo) -> RandomFourierFeatures:
+        settings = self.config["frequency"]
+        return RandomFourierFeatures(info.channels * info.height * info.width, settings["features"],
+                                     settings["bandwidth"], settings["seed"])
+
+    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
+        """Release the central images and the frequency features, fit the auxiliary generator, warm up."""
+        self._restore(context, model)
+        rff = self._features(context.dataset.info)
+        central = self._released_central(context) if self._uses_central() else None
+        targets = self._released_frequency(context, rff)
+        auxiliary = self._auxiliary_images(context, rff, targets) if self._order() != "no-auxiliary" else None
+        losses: dict[str, LossFn] = {}
+        if central is not None:
+            losses["warmup-spatial"] = self._diffusion_loss(context, central, self.config["warmup"])
+        if auxiliary is not None:
+            losses["warmup-frequency"] = self._diffusion_loss(context, auxiliary, self.config["frequency_warmup"])
+        else:
+            losses["warmup-frequency"] = self._sample_matching_loss(context, rff, targets)
+        for phase in self.warmup_phases():
+            if phase == "warmup-joint":
+                self._train_phase(context, model, phase, self._joint_settings(), self._joint_loss(context, losses))
+            else:
+                settings = self.config["warmup" if phase == "warmup-spatial" else "frequency_warmup"]
+                self._train_phase(context, model, phase, settings, losses[phase])
+
+    def _released_frequency(self, context: RunContext, rff: RandomFourierFeatures) -> torch.Tensor:
+        """The noisy per-class mean features: restored, or released (recorded first) and checkpointed."""
+        if "frequency_means" not in self._released:
+            self._released["frequency_means"] = noisy_class_means(
+                context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(),
+                context.ledger, "frequency-features", context.generator)
+            self._checkpoint(context, self.warmup_phases()[0], 0)
+        return self._released["frequency_means"]
+
+    def _auxiliary_images(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor) -> ImageSet:
+        """Images of the auxiliary generator fitted to ``targets``: restored, or made and checkpointed."""
+        info, settings = context.dataset.info, self.config["generator"]
+        if "auxiliary_images" not in self._released:
+            generator = ConditionalGenerator(info.channels, info.height, info.width, info.num_classes,
+                                             settings["latent"], settings["width"]).to(context.device)
+            losses = fit_generator(generator, targets.to(context.device), rff,
+                                   GeneratorSettings(settings["epochs"], settings["iterations_per_epoch"],
+                                                     settings["batch_size"], settings["lr"], settings["lr_decay"]),
+                                   context.device, context.generator)
+            context.log("auxiliary-generator", loss_per_epoch=losses)
+            images = generated_set(generator, settings["images"], settings["batch_size"], context.device,
+                                   context.generator)
+            self._released.update(auxiliary_images=torch.from_numpy(to_uint8(images.images)),
+                                  auxiliary_labels=images.labels)
+            self._checkpoint(context, self.warmup_phases()[0], 0)
+        images = self._released["auxiliary_images"]
+        labels = self._released["auxiliary_labels"]
+        save_png(class_grid(images.numpy(), labels.numpy(), info.num_classes), context.run.file(AUXILIARY_IMAGES))
+        return ImageSet(images.float() / 255, labels)
+
+    def _sample_matching_loss(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor
+                              ) -> LossFn:
+        """FETA-Pro-No-Auxiliary: the feature-matching loss of the diffusion model's own (differentiable) samples."""
+        info, steps = context.dataset.info, self.config["frequency_warmup"]["sample_steps"]
+
+        def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+            labels = balanced_labels(batch_size, info.num_classes)
+            images = self.diffusion.ddim(model, labels, info.shape, info.num_classes, steps,
+                                         generator=context.generator)
+            return feature_matching_loss(images, labels.to(images.device), targets, rff)
+
+        return loss
+
+    def _joint_settings(self) -> dict[str, Any]:
+        spatial, frequency = self.config["warmup"], self.config["frequency_warmup"]
+        return {**frequency, "iterations": spatial["iterations"] + frequency["iterations"]}
+
+    def _joint_loss(self, context: RunContext, losses: dict[str, LossFn]) -> LossFn:
+        """Simultaneous: each step is a spatial step with probability I_s / (I_s + I_f), else a frequency step."""
+        spatial, frequency = self.config["warmup"], self.config["frequency_warmup"]
+        share = spatial["iterations"] / (spatial["iterations"] + frequency["iterations"])
+
+        def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+            if float(torch.rand((), generator=context.generator)) < share:
+                return losses["warmup-spatial"](model, spatial["batch_size"])
+            return losses["warmup-frequency"](model, frequency["batch_size"])
+
+        return loss

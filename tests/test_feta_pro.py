@@ -1,0 +1,152 @@
+"""FETA-Pro: the frequency features' sensitivity, the auxiliary generator, the curriculum and its ledger."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_killed_warm_up_resumes_to, dpsynth_run, started
+
+from dpsynth.api import resolve_config
+from dpsynth.data import ImageSet, load_dataset
+from dpsynth.diffusion import Diffusion
+from dpsynth.errors import ConfigError
+from dpsynth.methods.feta_pro import FETAPro, auto_noise
+from dpsynth.methods.feta_pro.auxiliary import GeneratorSettings, feature_matching_loss, fit_generator
+from dpsynth.methods.feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from dpsynth.models import build_unet
+from dpsynth.models.generator import ConditionalGenerator
+from dpsynth.privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
+
+
+def test_every_image_has_features_of_norm_one():
+    rff = RandomFourierFeatures(3 * 4 * 4, 200, 105.0, seed=0)
+    features = rff(torch.rand(50, 3, 4, 4) * 10)
+    assert features.shape == (50, 200)
+    assert torch.allclose(features.norm(dim=1), torch.ones(50), atol=1e-5)
+
+
+def test_adding_one_image_moves_the_class_feature_sum_by_at_most_one():
+    rff = RandomFourierFeatures(64, 500, 10.0, seed=1)
+    images, extra = torch.rand(40, 1, 8, 8), torch.rand(5, 1, 8, 8)
+    for image in extra:
+        change = rff.summed(torch.cat([images, image[None]])) - rff.summed(images)
+        assert change.norm() == pytest.approx(1.0, abs=1e-5)  # ||phi(x)|| = 1: the bound is attained
+
+
+def test_the_frequencies_are_public_a_fixed_seed_gives_the_same_features():
+    images = torch.rand(3, 1, 8, 8)
+    assert torch.equal(RandomFourierFeatures(64, 20, 5.0, 7)(images), RandomFourierFeatures(64, 20, 5.0, 7)(images))
+
+
+def test_class_means_read_only_their_class_and_record_one_parallel_release(tmp_path):
+    labels = torch.tensor([0] * 30 + [1] * 20)
+    images = torch.where(labels.view(-1, 1, 1, 1) == 0, 0.1, 0.9).expand(-1, 1, 4, 4).clone()
+    rff = RandomFourierFeatures(16, 40, 2.0, seed=0)
+    ledger = PrivacyLedger(tmp_path / "ledger.json")
+    means = noisy_class_means(ImageSet(images, labels), 2, rff, FrequencyQuery(1e-9, 1e-9), ledger, "frequency",
+                              torch.Generator().manual_seed(0))
+    assert torch.allclose(means[0], rff(images[:1])[0], atol=1e-5)
+    assert torch.allclose(means[1], rff(images[-1:])[0], atol=1e-5)
+    (event,) = ledger.events()
+    assert isinstance(event, ParallelComposition) and set(event.parts) == {"0", "1"}
+    assert event.parts["1"] == (GaussianMechanism(1e-9), GaussianMechanism(1e-9))  # feature sum, class size
+
+
+def test_bad_frequency_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="frequency.features must be an even number"):
+        RandomFourierFeatures(16, 7, 1.0, 0)
+    with pytest.raises(ConfigError, match="frequency.bandwidth must be positive"):
+        RandomFourierFeatures(16, 8, 0.0, 0)
+    with pytest.raises(ConfigError, match="curriculum.order must be one of"):
+        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["curriculum.order=backwards"]))._order()
+    method = FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["frequency.noise_multiplier=-1.0"]))
+    with pytest.raises(ConfigError, match="frequency.noise_multiplier must be a positive number or null"):
+        method._noise("frequency")
+
+
+def test_auto_noise_is_dpimagebenchs_at_epsilon_1_and_10_and_falls_in_between():
+    assert auto_noise("central", 1.0) == pytest.approx(20.0) and auto_noise("central", 10.0) == pytest.approx(5.0)
+    assert auto_noise("frequency", 1.0) == pytest.approx(26.6)
+    assert auto_noise("frequency", 10.0) == pytest.approx(7.4)
+    assert 7.4 < auto_noise("frequency", 4.0) < 26.6
+
+
+def test_the_auxiliary_generator_moves_its_features_toward_the_noisy_target(tmp_path):
+    digits = load_dataset("digits", resolution=8, channels=1).train
+    rff = RandomFourierFeatures(64, 400, 4.0, seed=0)
+    targets = noisy_class_means(digits, 10, rff, FrequencyQuery(0.5, 1.0), PrivacyLedger(tmp_path / "l.json"),
+                                "frequency", torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    generator = ConditionalGenerator(1, 8, 8, 10, latent=8, width_base=16)
+    losses = fit_generator(generator, targets, rff, GeneratorSettings(4, 40, 200, 0.01, 0.9), torch.device("cpu"),
+                           torch.Generator().manual_seed(0))
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_the_diffusion_models_own_samples_are_differentiable_for_the_no_auxiliary_variant():
+    torch.manual_seed(0)
+    model = build_unet(1, 8, 10, [8, 16], 1, False, 4)
+    labels = torch.arange(6) % 10
+    images = Diffusion(100, "linear", "v").ddim(model, labels, (1, 8, 8), 10, steps=2,
+                                                generator=torch.Generator().manual_seed(0))
+    rff = RandomFourierFeatures(64, 40, 4.0, seed=0)
+    feature_matching_loss(images, labels, torch.zeros(10, 40), rff).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("order, stages, phases", [
+    ("spatial-frequency", ["central-images", "frequency-features", "dp-sgd"], ["warmup-spatial", "warmup-frequency"]),
+    ("frequency-spatial", ["central-images", "frequency-features", "dp-sgd"], ["warmup-frequency", "warmup-spatial"]),
+    ("simultaneous", ["central-images", "frequency-features", "dp-sgd"], ["warmup-joint"]),
+    ("frequency", ["frequency-features", "dp-sgd"], ["warmup-frequency"]),
+    ("no-auxiliary", ["central-images", "frequency-features", "dp-sgd"], ["warmup-spatial", "warmup-frequency"]),
+])
+def test_each_curriculum_order_plans_its_stages_and_phases(order, stages, phases):
+    method = FETAPro(resolve_config("feta-pro", dataset="digits",
+                                    overrides=[f"curriculum.order={order}", "central.batch_size=300"]))
+    info = load_dataset("digits", resolution=8, channels=1).info
+    assert [stage.name for stage in method.privacy_stages(info)] == stages
+    assert method.warmup_phases() == phases
+
+
+TINY = ["feta-pro", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
+        "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
+        "--set", "dpsgd.epochs=0.3", "--set", "dpsgd.checkpoint_every=5", "--set", "central.count=2",
+        "--set", "central.batch_size=300", "--set", "central.clip=8.0", "--set", "warmup.iterations=6",
+        "--set", "warmup.batch_size=8", "--set", "warmup.checkpoint_every=3", "--set", "frequency.features=200",
+        "--set", "generator.epochs=2", "--set", "generator.iterations_per_epoch=5", "--set", "generator.images=100",
+        "--set", "generator.latent=8", "--set", "generator.width=16", "--set", "frequency_warmup.iterations=8",
+        "--set", "frequency_warmup.batch_size=8", "--set", "frequency_warmup.checkpoint_every=4",
+        "--set", "frequency_warmup.sample_steps=2", "--set", "sampling.num_samples=20",
+        "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false"]
+
+
+def report(run: Path) -> dict:
+    return json.loads((run / "privacy.json").read_text())
+
+
+@pytest.mark.slow
+def test_feta_pro_runs_and_a_run_killed_in_the_frequency_warm_up_resumes_to_the_clean_result(tmp_path):
+    clean = dpsynth_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean_dir = started(clean)
+    assert clean.wait(timeout=300) == 0, clean.stderr.read()
+    stages = report(clean_dir)["stages"]
+    assert [stage["name"] for stage in stages] == ["central-images", "frequency-features", "dp-sgd"]
+    assert report(clean_dir)["epsilon"] <= 8.0
+    assert (clean_dir / "central_images.png").exists() and (clean_dir / "auxiliary_images.png").exists()
+
+    assert_killed_warm_up_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"], 4,
+                                     "warmup-frequency")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["simultaneous", "no-auxiliary"])
+def test_the_other_curricula_run_end_to_end(tmp_path, order):
+    run = dpsynth_run(*TINY, "--set", f"curriculum.order={order}", "--set", f"run.out_dir={tmp_path}")
+    run_dir = started(run)
+    assert run.wait(timeout=300) == 0, run.stderr.read()
+    assert [stage["name"] for stage in report(run_dir)["stages"]] == ["central-images", "frequency-features",
+                                                                      "dp-sgd"]
+    assert (run_dir / "auxiliary_images.png").exists() == (order != "no-auxiliary")
