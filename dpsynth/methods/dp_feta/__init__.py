@@ -100,14 +100,15 @@ class DPFETA(DPDM):
         self._released = {key: state[key] for key in state if key.startswith(RELEASED_PREFIXES)}
         if "model" in state:
             model.load_state_dict(state["model"])
-            torch.set_rng_state(state["torch_rng"])
         if "rng" in state:
             context.generator.set_state(state["rng"])
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
 
     def _checkpoint(self, context: RunContext, phase: str, step: int, **training: Any) -> None:
-        """Checkpoint at ``step`` of ``phase`` with every released artefact so far."""
+        """Checkpoint at ``step`` of ``phase`` with every released artefact so far and both RNGs."""
         context.checkpoint({"phase": phase, "step": step, **self._released, **training,
-                            "rng": context.generator.get_state()})
+                            "rng": context.generator.get_state(), "torch_rng": torch.get_rng_state()})
 
     def _released_central(self, context: RunContext) -> ImageSet:
         """The central images: restored, or queried (recorded first) and checkpointed; saves their grid."""
@@ -160,6 +161,5 @@ class DPFETA(DPDM):
             optimizer.step()
             done = step + 1
             if done % settings["checkpoint_every"] == 0 or done == settings["iterations"]:
-                self._checkpoint(context, phase, done, model=model.state_dict(),
-                                 optimizer=optimizer.state_dict(), torch_rng=torch.get_rng_state())
+                self._checkpoint(context, phase, done, model=model.state_dict(), optimizer=optimizer.state_dict())
                 context.log("warm-up", phase=phase, step=done, loss=float(loss))
