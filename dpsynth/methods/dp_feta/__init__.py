@@ -71,15 +71,25 @@ class DPFETA(DPDM):
     def _query(self, info: DatasetInfo) -> CentralQuery:
         settings = self.config["central"]
         return CentralQuery(settings["kind"], settings["count"], settings["batch_size"] / info.num_train,
-                            settings["noise_multiplier"], settings["clip"], settings["bins"],
+                            self._central_noise(), settings["clip"], settings["bins"],
                             settings["count_noise"], settings["downsample"], settings["denoise"])
+
+    def _central_noise(self) -> float:
+        return self.config["central"]["noise_multiplier"]
+
+    def _uses_central(self) -> bool:
+        return self.config["central"]["count"] > 0
+
+    def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        """Fixed-noise stages released after the central images (none for DP-FETA)."""
+        return []
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         settings = self.config["dpsgd"]
         schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], info.num_train)
         central = [PlannedStage("central-images", self._query(info).event(info.num_classes))]
-        return (central if self.config["central"]["count"] > 0 else []) + [
-            PlannedStage("dp-sgd", calibrated=schedule.event)]
+        return ((central if self._uses_central() else []) + self._feature_stages(info)
+                + [PlannedStage("dp-sgd", calibrated=schedule.event)])
 
     def warmup_phases(self) -> list[str]:
         """Names of the non-private training phases, in order (each a checkpointed ``phase``)."""
@@ -87,7 +97,7 @@ class DPFETA(DPDM):
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Query the central images (or restore them), save their grid, then warm up on them."""
-        if self.config["central"]["count"] == 0:
+        if not self._uses_central():
             return
         self._restore(context, model)
         central = self._released_central(context)

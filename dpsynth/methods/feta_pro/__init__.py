@@ -15,11 +15,10 @@ import torch
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...models.generator import ConditionalGenerator
-from ...privacy import DpsgdSchedule, PlannedStage
+from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dp_feta import DPFETA, LossFn, _merged
-from ..dp_feta.central import CentralQuery
 from .auxiliary import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
 from .features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 
@@ -90,24 +89,16 @@ class FETAPro(DPFETA):
         return float(value)
 
     def _uses_central(self) -> bool:
-        return self._order() != "frequency" and self.config["central"]["count"] > 0
+        return self._order() != "frequency" and super()._uses_central()
 
-    def _query(self, info: DatasetInfo) -> CentralQuery:
-        settings = self.config["central"]
-        return CentralQuery(settings["kind"], settings["count"], settings["batch_size"] / info.num_train,
-                            self._noise("central"), settings["clip"], settings["bins"],
-                            settings["count_noise"], settings["downsample"], settings["denoise"])
+    def _central_noise(self) -> float:
+        return self._noise("central")
 
     def _frequency_query(self) -> FrequencyQuery:
         return FrequencyQuery(self._noise("frequency"), self.config["frequency"]["count_noise"])
 
-    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        settings = self.config["dpsgd"]
-        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], info.num_train)
-        central = [PlannedStage("central-images", self._query(info).event(info.num_classes))]
-        return ((central if self._uses_central() else [])
-                + [PlannedStage("frequency-features", self._frequency_query().event(info.num_classes)),
-                   PlannedStage("dp-sgd", calibrated=schedule.event)])
+    def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        return [PlannedStage("frequency-features", self._frequency_query().event(info.num_classes))]
 
     def warmup_phases(self) -> list[str]:
         return ORDERS[self._order()] if self._uses_central() else ["warmup-frequency"]
