@@ -12,6 +12,7 @@ from typing import Any
 from .api import dataset_from_config, plan_privacy, resolve_config
 from .config import build_config, parse_overrides
 from .data import DATASETS
+from .diffusion.pretrain import PretrainSettings as PretrainDefaults
 from .errors import DpsynthError
 from .methods import METHODS
 
@@ -55,6 +56,20 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pretrain(args: argparse.Namespace) -> None:
+    from .diffusion.pretrain import PretrainSettings, pretrain
+    from .pipeline import pick_device
+
+    pairs = [("dataset.name", args.dataset)] + parse_overrides(args.set)
+    if args.data_dir:
+        pairs.append(("dataset.data_dir", args.data_dir))
+    data = dataset_from_config(build_config({}, {}, "none", pairs)).train
+    settings = PretrainSettings(args.iterations, args.batch_size, args.lr)
+    out = pretrain(data, args.out, settings, pick_device(args.device or "auto"))
+    print(f"saved an unconditional diffusion model trained on {len(data)} public {args.dataset} images: {out}\n"
+          f"use it with: dpsynth run pe --api diffusion --api-model {out} --dataset PRIVATE_DATASET")
+
+
 def _privacy(args: argparse.Namespace) -> None:
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=args.set)
@@ -76,9 +91,10 @@ def _run(args: argparse.Namespace) -> None:
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
+        shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model)]
+        overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
-                                data_dir=args.data_dir, overrides=args.set + ([f"run.device={args.device}"]
-                                                                             if args.device else []))
+                                data_dir=args.data_dir, overrides=overrides)
         run = start(config)
     if run.file(METRICS).exists():
         print(_format_metrics(json.loads(run.file(METRICS).read_text())))
@@ -153,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(info)
     info.set_defaults(handler=_data_info)
 
+    pretrain = commands.add_parser("pretrain", help="train a diffusion model on PUBLIC data for PE's diffusion API")
+    pretrain.add_argument("--dataset", required=True, help="the public dataset to train on")
+    pretrain.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
+    pretrain.add_argument("--out", required=True, help="new directory for the model (diffusers format)")
+    pretrain.add_argument("--iterations", type=int, default=PretrainDefaults.iterations, help="Adam steps")
+    pretrain.add_argument("--batch-size", type=int, default=PretrainDefaults.batch_size)
+    pretrain.add_argument("--lr", type=float, default=PretrainDefaults.lr)
+    pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    _add_set(pretrain)
+    pretrain.set_defaults(handler=_pretrain)
+
     privacy = commands.add_parser("privacy", help="plan a run's privacy budget (reads only the data's size)")
     privacy.add_argument("method", help=f"one of: {', '.join(sorted(METHODS))}")
     _add_method_options(privacy)
@@ -164,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a crashed or stopped run")
     _add_method_options(run)
     run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
+    run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
     run.set_defaults(handler=_run)
 
     evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 apt_packages=()
 dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || apt_packages+=(dataset-fashion-mnist)
+for font in fonts-dejavu-core fonts-liberation fonts-freefont-ttf; do  # PE's text-rendering API
+    dpkg -s "$font" >/dev/null 2>&1 || apt_packages+=("$font")
+done
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || apt_packages+=(python3-venv)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

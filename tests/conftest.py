@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,19 @@ def dpsynth_run(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def finished_run(*args: str) -> Path:
+    """The run directory of `dpsynth run ARGS`, run to completion (its stderr shown if it fails)."""
+    process = dpsynth_run(*args)
+    run = started(process)
+    assert process.wait(timeout=300) == 0, process.stderr.read()
+    return run
+
+
+def privacy_report(run: Path) -> dict:
+    """The run's privacy.json."""
+    return json.loads((run / "privacy.json").read_text())
+
+
 def started(process: subprocess.Popen) -> Path:
     """The run directory the run prints first."""
     line = process.stdout.readline()
@@ -72,25 +86,30 @@ def started(process: subprocess.Popen) -> Path:
     return Path(line.split(": ", 1)[1].strip())
 
 
-def kill_after_warmup_step(process: subprocess.Popen, run: Path, step: int, phase: str,
-                           timeout: float = 300) -> None:
-    """SIGKILL ``process`` once the run has logged step ``step`` of warm-up ``phase`` (a checkpoint)."""
+def kill_when_logged(process: subprocess.Popen, run: Path, matches: Callable[[dict], bool],
+                     timeout: float = 300) -> None:
+    """SIGKILL ``process`` once the run's log has an entry that ``matches`` (logged after a checkpoint)."""
     deadline = time.time() + timeout
     while time.time() < deadline and process.poll() is None:
         log = run / "log.jsonl"
         entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        if any(e.get("event") == "warm-up" and e["phase"] == phase and e["step"] >= step for e in entries):
+        if any(matches(entry) for entry in entries):
             break
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
 
 
-def assert_killed_warm_up_resumes_to(clean_dir: Path, args: list[str], step: int, phase: str) -> None:
-    """A run of ``args`` killed after ``step`` of warm-up ``phase`` resumes to ``clean_dir``'s ledger and images."""
+def warmup_step_logged(step: int, phase: str) -> Callable[[dict], bool]:
+    """Matches the log entry of step ``step`` (or later) of warm-up ``phase``."""
+    return lambda e: e.get("event") == "warm-up" and e["phase"] == phase and e["step"] >= step
+
+
+def assert_killed_run_resumes_to(clean_dir: Path, args: list[str], matches: Callable[[dict], bool]) -> None:
+    """A run of ``args`` killed once it logs an entry that ``matches`` resumes to ``clean_dir``'s ledger and images."""
     crash = dpsynth_run(*args)
     crash_dir = started(crash)
-    kill_after_warmup_step(crash, crash_dir, step, phase)
+    kill_when_logged(crash, crash_dir, matches)
     assert not (crash_dir / "synthetic.npz").exists()
     resumed = dpsynth_run("--resume", str(crash_dir))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()

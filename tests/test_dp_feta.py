@@ -1,11 +1,9 @@
 """DP-FETA: the central-image queries' sensitivity and semantics, and a tiny run end to end with resume."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from conftest import assert_killed_warm_up_resumes_to, dpsynth_run, started
+from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, warmup_step_logged
 from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
@@ -105,17 +103,16 @@ TINY = ["dp-feta", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
 
 @pytest.mark.slow
 def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tmp_path):
-    clean = dpsynth_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
-    clean_dir = started(clean)
-    assert clean.wait(timeout=300) == 0, clean.stderr.read()
-    report = json.loads((clean_dir / "privacy.json").read_text())
+    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    report = privacy_report(clean_dir)
     assert [stage["name"] for stage in report["stages"]] == ["central-images", "dp-sgd"]
     assert report["epsilon"] <= 8.0 and report["stages"][0]["partitions"] == 10
     central = {part["mechanism"]: part for part in report["stages"][0]["mechanisms"]}
     assert central["subsampled_gaussian"]["steps"] == 2 and central["gaussian"]["steps"] == 1  # + class size
     assert (clean_dir / "central_images.png").exists()
 
-    assert_killed_warm_up_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"], 4, "warmup")
+    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+                                 warmup_step_logged(4, "warmup"))
 
 
 @pytest.mark.parametrize("channels", [1, 3])

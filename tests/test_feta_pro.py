@@ -1,12 +1,9 @@
 """FETA-Pro: the frequency features' sensitivity, the auxiliary generator, the curriculum and its ledger."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import assert_killed_warm_up_resumes_to, dpsynth_run, started
+from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, warmup_step_logged
 
 from dpsynth.api import resolve_config
 from dpsynth.data import ImageSet, load_dataset
@@ -123,30 +120,23 @@ TINY = ["feta-pro", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
         "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false"]
 
 
-def report(run: Path) -> dict:
-    return json.loads((run / "privacy.json").read_text())
-
 
 @pytest.mark.slow
 def test_feta_pro_runs_and_a_run_killed_in_the_frequency_warm_up_resumes_to_the_clean_result(tmp_path):
-    clean = dpsynth_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
-    clean_dir = started(clean)
-    assert clean.wait(timeout=300) == 0, clean.stderr.read()
-    stages = report(clean_dir)["stages"]
+    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    stages = privacy_report(clean_dir)["stages"]
     assert [stage["name"] for stage in stages] == ["central-images", "frequency-features", "dp-sgd"]
-    assert report(clean_dir)["epsilon"] <= 8.0
+    assert privacy_report(clean_dir)["epsilon"] <= 8.0
     assert (clean_dir / "central_images.png").exists() and (clean_dir / "auxiliary_images.png").exists()
 
-    assert_killed_warm_up_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"], 4,
-                                     "warmup-frequency")
+    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+                                 warmup_step_logged(4, "warmup-frequency"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("order", ["simultaneous", "no-auxiliary"])
 def test_the_other_curricula_run_end_to_end(tmp_path, order):
-    run = dpsynth_run(*TINY, "--set", f"curriculum.order={order}", "--set", f"run.out_dir={tmp_path}")
-    run_dir = started(run)
-    assert run.wait(timeout=300) == 0, run.stderr.read()
-    assert [stage["name"] for stage in report(run_dir)["stages"]] == ["central-images", "frequency-features",
-                                                                      "dp-sgd"]
+    run_dir = finished_run(*TINY, "--set", f"curriculum.order={order}", "--set", f"run.out_dir={tmp_path}")
+    stages = [stage["name"] for stage in privacy_report(run_dir)["stages"]]
+    assert stages == ["central-images", "frequency-features", "dp-sgd"]
     assert (run_dir / "auxiliary_images.png").exists() == (order != "no-auxiliary")

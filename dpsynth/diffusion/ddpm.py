@@ -37,22 +37,23 @@ class Diffusion:
         times = torch.randint(0, self.timesteps, (n, k), generator=generator)
         return times, torch.randn((n, k, *shape), generator=generator)
 
-    def example_loss(self, model_fn: ModelFn, image: torch.Tensor, label: torch.Tensor,
+    def example_loss(self, model_fn: ModelFn, image: torch.Tensor, label: torch.Tensor | None,
                      times: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Prediction MSE of ONE image in [0, 1], averaged over its K (time, noise) draws."""
+        """Prediction MSE of ONE image in [0, 1] over its K (time, noise) draws; label None: unconditional."""
         x0 = image * 2 - 1
         abar = self.alphas_cumprod.to(image.device)[times].view(-1, *([1] * (noise.dim() - 1)))
         noisy = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
-        labels = label.expand(times.shape[0])
+        labels = None if label is None else label.expand(times.shape[0])
         predicted = model_fn(noisy, times, class_labels=labels).sample
         target = noise if self.prediction == "epsilon" else abar.sqrt() * noise - (1 - abar).sqrt() * x0
         return (predicted - target).pow(2).mean()
 
-    def batch_loss(self, model_fn: ModelFn, images: torch.Tensor, labels: torch.Tensor, times: torch.Tensor,
+    def batch_loss(self, model_fn: ModelFn, images: torch.Tensor, labels: torch.Tensor | None, times: torch.Tensor,
                    noise: torch.Tensor) -> torch.Tensor:
         """Mean loss of a batch (n images, n x K times and noises), for non-private training."""
         k = times.shape[1]
-        return self.example_loss(model_fn, images.repeat_interleave(k, 0), labels.repeat_interleave(k),
+        return self.example_loss(model_fn, images.repeat_interleave(k, 0),
+                                 None if labels is None else labels.repeat_interleave(k),
                                  times.flatten(), noise.flatten(0, 1))
 
     @torch.no_grad()

@@ -9,11 +9,12 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 from ..errors import ConfigError
 
 
-def build_unet(in_channels: int, resolution: int, num_classes: int, block_channels: Sequence[int],
+def build_unet(in_channels: int, resolution: int, num_classes: int | None, block_channels: Sequence[int],
                layers_per_block: int = 1, attention: bool = True, norm_groups: int = 8) -> UNet2DModel:
     """A UNet whose last (lowest-resolution) level has self-attention when ``attention``.
 
-    Label ``num_classes`` is the null class (unconditional) used by classifier-free guidance. The classic
+    Label ``num_classes`` is the null class (unconditional) used by classifier-free guidance; ``num_classes``
+    None builds an unconditional UNet (no class embedding, as public foundation models are). The classic
     ``AttnProcessor`` is set because the default SDPA one falls back to a per-example loop under vmap.
     """
     levels = len(block_channels)
@@ -30,7 +31,8 @@ def build_unet(in_channels: int, resolution: int, num_classes: int, block_channe
     model = UNet2DModel(
         sample_size=resolution, in_channels=in_channels, out_channels=in_channels,
         block_out_channels=tuple(block_channels), down_block_types=tuple(down), up_block_types=tuple(up),
-        layers_per_block=layers_per_block, num_class_embeds=num_classes + 1, norm_num_groups=norm_groups,
+        layers_per_block=layers_per_block, norm_num_groups=norm_groups,
+        num_class_embeds=None if num_classes is None else num_classes + 1,
         attention_head_dim=block_channels[-1],
     )
     for module in model.modules():

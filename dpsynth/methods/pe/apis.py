@@ -1,0 +1,192 @@
+"""Foundation-model APIs for PE: RANDOM_API(label, n) and VARIATION_API(samples, degree).
+
+A population is a :class:`Samples`: images in [0, 1] at the private data's shape, plus whatever the API
+needs to vary them (the text simulator's rendering parameters; nothing for a diffusion model, which varies
+the pixels). ``degree`` lies in (0, 1]: larger means more variation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
+
+from ...data import DatasetInfo
+from ...errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Samples:
+    """N images (float N x C x H x W in [0, 1]) and, for APIs that render from parameters, N x P parameters."""
+
+    images: torch.Tensor
+    params: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def take(self, index: torch.Tensor) -> Samples:
+        return Samples(self.images[index], None if self.params is None else self.params[index])
+
+    @staticmethod
+    def joined(parts: list[Samples]) -> Samples:
+        params = [p.params for p in parts]
+        return Samples(torch.cat([p.images for p in parts]),
+                       None if any(p is None for p in params) else torch.cat(params))  # type: ignore[arg-type]
+
+
+class ImageAPI(Protocol):
+    """What PE asks of a foundation model."""
+
+    def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples: ...
+
+    def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples: ...
+
+
+DEFAULT_FONT_DIRS = ("/usr/share/fonts/truetype", "/usr/share/fonts/opentype")
+# Rendering parameters: font index, size (fraction of the image height), rotation (degrees), stroke width
+# (fraction of the size), horizontal and vertical offset (fractions of the image side).
+PARAMS = ("font", "size", "rotation", "stroke", "dx", "dy")
+
+
+@dataclass(frozen=True)
+class TextRanges:
+    """Ranges RANDOM_API draws from uniformly; VARIATION_API moves each by degree x (its range width) / 2."""
+
+    size: tuple[float, float] = (0.55, 0.9)
+    rotation: tuple[float, float] = (-25.0, 25.0)
+    stroke: tuple[float, float] = (0.0, 0.08)
+    offset: tuple[float, float] = (-0.12, 0.12)
+
+    def bounds(self) -> torch.Tensor:
+        return torch.tensor([self.size, self.rotation, self.stroke, self.offset, self.offset], dtype=torch.float64)
+
+
+def find_fonts(directories: list[str] | tuple[str, ...] = DEFAULT_FONT_DIRS) -> list[Path]:
+    """The .ttf / .otf files under ``directories``, sorted; ConfigError naming them when there are none."""
+    fonts = sorted(p for d in directories for p in Path(d).rglob("*") if p.suffix.lower() in (".ttf", ".otf"))
+    if not fonts:
+        raise ConfigError(f"api.font_dirs: no .ttf or .otf fonts under {', '.join(directories)}; install some "
+                          "(apt-get install fonts-dejavu-core fonts-liberation fonts-freefont-ttf)")
+    return fonts
+
+
+class DrawTextAPI:
+    """A simulator rendering one character per image (white on black) with a random font, size, rotation,
+    stroke width and position; no model, no download. Class ``c`` is the character ``characters[c]``."""
+
+    def __init__(self, info: DatasetInfo, characters: str, fonts: list[Path], ranges: TextRanges = TextRanges()
+                 ) -> None:
+        if len(characters) != info.num_classes:
+            raise ConfigError(f"api.characters: {len(characters)} characters ({characters!r}) for "
+                              f"{info.num_classes} classes of {info.name}; give one character per class")
+        self.info, self.characters, self.fonts, self.ranges = info, characters, fonts, ranges
+
+    def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
+        bounds = self.ranges.bounds()
+        font = torch.randint(0, len(self.fonts), (n, 1), generator=generator).double()
+        uniform = torch.rand((n, len(bounds)), generator=generator, dtype=torch.float64)
+        params = torch.cat([font, bounds[:, 0] + uniform * (bounds[:, 1] - bounds[:, 0])], dim=1)
+        return Samples(self._render(label, params), params)
+
+    def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
+        if samples.params is None:
+            raise ConfigError("the drawtext API can only vary images it rendered itself")
+        bounds = self.ranges.bounds()
+        n = len(samples)
+        step = torch.randn((n, len(bounds)), generator=generator, dtype=torch.float64)
+        moved = samples.params[:, 1:] + step * degree * (bounds[:, 1] - bounds[:, 0]) / 2
+        moved = torch.maximum(torch.minimum(moved, bounds[:, 1]), bounds[:, 0])
+        refont = torch.rand(n, generator=generator) < degree / 2
+        font = torch.where(refont, torch.randint(0, len(self.fonts), (n,), generator=generator).double(),
+                           samples.params[:, 0])
+        params = torch.cat([font[:, None], moved], dim=1)
+        return Samples(self._render(label, params), params)
+
+    def _render(self, label: int, params: torch.Tensor) -> torch.Tensor:
+        images = np.stack([self._render_one(self.characters[label], row.tolist()) for row in params])
+        pixels = torch.from_numpy(images).float().div(255)[:, None]
+        return pixels.expand(-1, self.info.channels, -1, -1).contiguous()
+
+    def _render_one(self, character: str, params: list[float]) -> np.ndarray:
+        """One H x W uint8 image, drawn at 4x resolution and downsampled (anti-aliased)."""
+        font_index, size, rotation, stroke, dx, dy = params
+        height, width, scale = self.info.height, self.info.width, 4
+        canvas = Image.new("L", (width * scale, height * scale), 0)
+        points = max(1, round(size * height * scale))
+        font = ImageFont.truetype(str(self.fonts[int(font_index)]), points)
+        centre = (width * scale * (0.5 + dx), height * scale * (0.5 + dy))
+        ImageDraw.Draw(canvas).text(centre, character, fill=255, font=font, anchor="mm",
+                                    stroke_width=round(stroke * points), stroke_fill=255)
+        canvas = canvas.rotate(rotation, resample=Image.Resampling.BILINEAR, center=centre)
+        return np.asarray(canvas.resize((width, height), Image.Resampling.BOX))
+
+
+class DiffusionAPI:
+    """A diffusion model saved in diffusers format (``unet/`` and ``scheduler/`` in one directory).
+
+    RANDOM_API is DDIM sampling with ``steps`` steps; VARIATION_API is SDEdit: noise the images to the
+    fraction ``degree`` of the DDIM schedule, then denoise. The model is unconditional; conditional PE
+    tells classes apart through the private votes alone. Outputs are resized to the private data's shape.
+    """
+
+    def __init__(self, path: str, info: DatasetInfo, steps: int, batch_size: int, device: torch.device) -> None:
+        from diffusers import DDIMScheduler, UNet2DModel
+
+        directory = Path(path)
+        if not (directory / "unet" / "config.json").is_file() or not (directory / "scheduler").is_dir():
+            raise ConfigError(f"api.model: {directory} is not a diffusers model directory (expected unet/config.json "
+                              "and scheduler/, as DDPMPipeline.save_pretrained or dpsynth pretrain write them)")
+        self.unet = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False).to(device).eval()
+        if self.unet.config.num_class_embeds is not None:
+            raise ConfigError(f"api.model: {directory} is class-conditional; PE's diffusion API needs an "
+                              "unconditional model")
+        self.scheduler = DDIMScheduler.from_pretrained(directory, subfolder="scheduler")
+        if steps < 1:
+            raise ConfigError(f"api.steps must be >= 1, got {steps}")
+        self.info, self.steps, self.batch_size, self.device = info, steps, batch_size, device
+
+    def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
+        return Samples(self._batched(n, None, 1.0, generator))
+
+    def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
+        if not 0 < degree <= 1:
+            raise ConfigError(f"pe.degrees must lie in (0, 1] for the diffusion API, got {degree}")
+        return Samples(self._batched(len(samples), samples.images, degree, generator))
+
+    def _batched(self, n: int, images: torch.Tensor | None, degree: float, generator: torch.Generator
+                 ) -> torch.Tensor:
+        parts = [self._denoise(min(self.batch_size, n - s), None if images is None else images[s:s + self.batch_size],
+                               degree, generator)
+                 for s in range(0, n, self.batch_size)]
+        return torch.cat(parts) if parts else torch.empty(0, *self.info.shape)
+
+    @torch.no_grad()
+    def _denoise(self, n: int, images: torch.Tensor | None, degree: float, generator: torch.Generator
+                 ) -> torch.Tensor:
+        """SDEdit of ``images`` from ``degree`` of the schedule; without images, n samples from pure noise."""
+        config = self.unet.config
+        self.scheduler.set_timesteps(self.steps)
+        timesteps = self.scheduler.timesteps[self.steps - max(1, round(degree * self.steps)):]
+        x = torch.randn((n, config.in_channels, config.sample_size, config.sample_size),
+                        generator=generator).to(self.device)
+        if images is not None:
+            start = _convert(images, config.in_channels, config.sample_size).to(self.device) * 2 - 1
+            x = self.scheduler.add_noise(start, x, timesteps[:1])
+        for t in timesteps:
+            x = self.scheduler.step(self.unet(x, t).sample, t, x).prev_sample
+        return _convert(((x + 1) / 2).clamp(0, 1).cpu(), self.info.channels, (self.info.height, self.info.width))
+
+
+def _convert(images: torch.Tensor, channels: int, size: int | tuple[int, int]) -> torch.Tensor:
+    """``images`` with ``channels`` channels (grey <-> RGB) at ``size``, bilinear."""
+    if images.shape[1] != channels:
+        images = images.mean(dim=1, keepdim=True) if channels == 1 else images.expand(-1, channels, -1, -1)
+    target = (size, size) if isinstance(size, int) else size
+    if tuple(images.shape[-2:]) != target:
+        images = F.interpolate(images, size=target, mode="bilinear", align_corners=False, antialias=True)
+    return images

@@ -1,0 +1,48 @@
+"""Embeddings in which PE measures nearest neighbours: the FID Inception network, or raw pixels."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ...errors import ConfigError
+from ...evaluation.inception import InceptionFeatures
+from ...utils.images import to_uint8
+
+
+class Embedding(Protocol):
+    """Maps N images in [0, 1] (N x C x H x W) to N x d float features."""
+
+    name: str
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor: ...
+
+
+class PixelEmbedding:
+    """The flattened pixels: cheap, and enough for small grey images such as MNIST."""
+
+    name = "pixels"
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return images.flatten(1).float()
+
+
+class InceptionEmbedding:
+    """The 2048-d pool features of the TF-FID InceptionV3 that evaluation uses (the paper's choice)."""
+
+    name = "inception"
+
+    def __init__(self, device: torch.device) -> None:
+        self.network = InceptionFeatures(device)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.network(to_uint8(images)))
+
+
+def build_embedding(name: str, device: torch.device) -> Embedding:
+    """The embedding called ``name`` (``pe.embedding``)."""
+    if name == "pixels":
+        return PixelEmbedding()
+    if name == "inception":
+        return InceptionEmbedding(device)
+    raise ConfigError(f"pe.embedding must be pixels or inception, got {name!r}")

@@ -1,0 +1,169 @@
+"""Private Evolution: DP nearest-neighbour histograms, APIs (text simulator, diffusers model), accounting, runs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report
+from diffusers import DDPMPipeline, DDPMScheduler
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dpsynth.data import DatasetInfo, ImageSet
+from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
+from dpsynth.errors import ConfigError
+from dpsynth.methods.pe import apportion, class_embeddings
+from dpsynth.methods.pe.apis import DiffusionAPI, DrawTextAPI, find_fonts
+from dpsynth.methods.pe.embeddings import PixelEmbedding
+from dpsynth.methods.pe.histogram import dp_histograms, nearest_neighbour_votes
+from dpsynth.models import build_unet
+from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
+
+DIGITS = DatasetInfo("digits", 1, 28, 28, [str(d) for d in range(10)], "test")
+TINY = ["pe", "--api", "drawtext", "--dataset", "mnist-5k", "--epsilon", "10", "--set", "pe.population=40",
+        "--set", "pe.iterations=3", "--set", "pe.lookahead=1", "--set", "evaluation.enabled=false",
+        "--set", "sampling.num_samples=60"]
+
+
+def test_votes_equal_brute_force_nearest_neighbours():
+    generator = torch.Generator().manual_seed(0)
+    private, synthetic = torch.randn(500, 6, generator=generator), torch.randn(37, 6, generator=generator)
+    expected = torch.zeros(37, dtype=torch.float64)
+    for row in private:
+        distances = [float((row - s).pow(2).sum()) for s in synthetic]
+        expected[int(np.argmin(distances))] += 1
+    assert torch.equal(nearest_neighbour_votes(private, synthetic, chunk=64), expected)
+
+
+def test_mismatched_embeddings_are_config_errors():
+    with pytest.raises(ConfigError, match="same d"):
+        nearest_neighbour_votes(torch.zeros(3, 4), torch.zeros(2, 5))
+
+
+def test_histograms_get_gaussian_noise_then_the_threshold_and_one_ledger_entry():
+    votes = [torch.tensor([0.0, 5.0, 40.0]), torch.tensor([12.0, 0.0])]
+    ledger = PrivacyLedger()
+    noisy = dp_histograms(votes, 2.0, 4.0, ledger, "histograms", torch.Generator().manual_seed(3))
+    noise = torch.randn(5, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2.0
+    expected = (torch.cat(votes) + noise - 4.0).clamp_min(0)
+    assert torch.allclose(torch.cat(noisy), expected.float())
+    assert [len(h) for h in noisy] == [3, 2]
+    assert ledger.stages() == {"histograms": [GaussianMechanism(2.0)]}
+
+
+def test_each_class_votes_only_in_its_own_histogram():
+    images = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([0, 1, 2] * 10)
+    labels[:4] = 2
+    private = class_embeddings(ImageSet(images, labels), 3, PixelEmbedding())
+    for label, embedded in enumerate(private):
+        assert torch.equal(embedded, images[labels == label].flatten(1))
+        votes = nearest_neighbour_votes(embedded, torch.rand(5, 16))
+        assert votes.sum() == (labels == label).sum()
+
+
+def test_pe_composes_like_the_closed_form_gaussian_dp_value():
+    """The pe library's CIFAR-10 example: sigma = 5 sqrt(2), T = 20, delta = 1e-5 gives epsilon ~ 2.59."""
+    sigma, iterations, delta = 5 * 2 ** 0.5, 20, 1e-5
+    mu = iterations ** 0.5 / sigma
+
+    def gdp_delta(epsilon: float) -> float:
+        return norm.cdf(-epsilon / mu + mu / 2) - np.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2) - delta
+
+    closed_form = brentq(gdp_delta, 0.01, 20)
+    accounted = Accountant("pld").epsilon([GaussianMechanism(sigma, iterations)], delta)
+    assert closed_form == pytest.approx(2.59, abs=0.01)
+    assert accounted == pytest.approx(closed_form, abs=0.01)
+
+
+def test_drawtext_renders_each_class_character_and_small_degrees_vary_little():
+    api = DrawTextAPI(DIGITS, "0123456789", find_fonts())
+    generator = torch.Generator().manual_seed(0)
+    samples = api.random_api(7, 16, generator)
+    assert samples.images.shape == (16, 1, 28, 28) and samples.params.shape == (16, 6)
+    assert samples.images.min() >= 0 and samples.images.max() <= 1 and samples.images.mean() > 0.05
+    near, far = (api.variation_api(samples, 7, degree, generator) for degree in (0.05, 1.0))
+    assert (near.images - samples.images).abs().mean() < (far.images - samples.images).abs().mean()
+    moved = [(varied.params[:, 1:] - samples.params[:, 1:]).abs().max() for varied in (near, far)]
+    assert moved[0] < moved[1]
+
+
+def test_drawtext_needs_one_character_per_class_and_some_fonts(tmp_path):
+    with pytest.raises(ConfigError, match="one character per class"):
+        DrawTextAPI(DIGITS, "01", find_fonts())
+    with pytest.raises(ConfigError, match=str(tmp_path)):
+        find_fonts([str(tmp_path)])
+
+
+def save_random_model(path, num_classes=None) -> None:
+    unet = build_unet(1, 8, num_classes, [8, 8], norm_groups=4, attention=False)
+    DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=50)).save_pretrained(path)
+
+
+def test_the_diffusion_api_loads_a_saved_diffusers_model_and_returns_private_shaped_images(tmp_path):
+    save_random_model(tmp_path / "model")
+    api = DiffusionAPI(str(tmp_path / "model"), DIGITS, steps=4, batch_size=3, device=torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    samples = api.random_api(0, 5, generator)
+    assert samples.images.shape == (5, 1, 28, 28) and samples.params is None
+    assert 0 <= samples.images.min() and samples.images.max() <= 1
+    varied = api.variation_api(samples, 0, 0.5, generator)
+    assert varied.images.shape == samples.images.shape and not torch.equal(varied.images, samples.images)
+    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+        api.variation_api(samples, 0, 1.5, generator)
+
+
+def test_the_diffusion_api_rejects_a_missing_or_class_conditional_model(tmp_path):
+    with pytest.raises(ConfigError, match="not a diffusers model directory"):
+        DiffusionAPI(str(tmp_path), DIGITS, 4, 4, torch.device("cpu"))
+    save_random_model(tmp_path / "conditional", num_classes=10)
+    with pytest.raises(ConfigError, match="class-conditional"):
+        DiffusionAPI(str(tmp_path / "conditional"), DIGITS, 4, 4, torch.device("cpu"))
+
+
+def test_pretrain_writes_a_model_the_diffusion_api_loads(tmp_path):
+    data = ImageSet(torch.rand(20, 1, 8, 8), torch.zeros(20, dtype=torch.long))
+    settings = PretrainSettings(iterations=3, batch_size=4, block_channels=(8, 8), checkpoint_every=2)
+    out = pretrain(data, tmp_path / "public", settings, torch.device("cpu"))
+    assert json.loads((out / "pretraining.json").read_text())["step"] == 3
+    api = DiffusionAPI(str(out), DIGITS, steps=2, batch_size=4, device=torch.device("cpu"))
+    assert api.random_api(0, 2, torch.Generator().manual_seed(0)).images.shape == (2, 1, 28, 28)
+    with pytest.raises(ConfigError, match="not empty"):
+        pretrain(data, out, settings, torch.device("cpu"))
+
+
+
+@pytest.mark.slow
+def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_the_clean_result(tmp_path):
+    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    privacy = privacy_report(clean_dir)
+    assert [stage["name"] for stage in privacy["stages"]] == ["class-counts", "histograms"]
+    assert privacy["stages"][1]["mechanisms"][0]["steps"] == 3 and privacy["epsilon"] <= 10.0
+    assert sorted(p.name for p in (clean_dir / "iterations").iterdir()) == [f"iteration-00{t}.png" for t in range(4)]
+    sizes = torch.load(clean_dir / "checkpoint.pt", weights_only=True)["state"]["sizes"]  # from noisy class counts
+    assert sum(sizes) == 40 and min(sizes) >= 1
+    with np.load(clean_dir / "synthetic.npz") as release:
+        assert release["images"].shape == (60, 1, 28, 28)
+        assert np.bincount(release["labels"], minlength=10).tolist() == apportion(60, torch.tensor(sizes).double())
+
+    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+                                 lambda e: e.get("event") == "pe-iteration" and e["iteration"] >= 1)
+
+
+def test_bad_pe_settings_are_config_errors(tmp_path):
+    for setting, message in (("pe.degrees=[0.5,1.5,0.3]", "pe.degrees"), ("api.name=dalle", "api.name"),
+                             ("pe.class_counts=public", "pe.class_counts")):
+        run = dpsynth_run(*TINY, "--set", setting, "--set", f"run.out_dir={tmp_path}")
+        out, err = run.communicate(timeout=120)
+        assert run.returncode != 0 and message in err and "Traceback" not in err, err
+
+
+def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
+    run = finished_run("pe", "--api", "drawtext", "--dataset", "mnist", "--data-dir", str(idx_dir), "--epsilon", "10",
+                       "--set", "pe.population=20", "--set", "pe.iterations=1", "--set", "pe.lookahead=0",
+                       "--set", "evaluation.enabled=false", "--set", "sampling.num_samples=30",
+                       "--set", f"run.out_dir={tmp_path}")
+    with np.load(run / "synthetic.npz") as release:
+        assert release["images"].shape == (30, 1, 28, 28)
