@@ -153,15 +153,16 @@ def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_th
 
 
 def test_bad_pe_settings_are_config_errors(tmp_path):
-    for setting, message in (("pe.degrees=[0.5,1.5,0.3]", "pe.degrees"), ("api.name=dalle", "api.name"),
-                             ("pe.class_counts=public", "pe.class_counts")):
-        run = dpsynth_run(*TINY, "--set", setting, "--set", f"run.out_dir={tmp_path}")
+    for extra, message in ((["--set", "pe.degrees=[0.5,1.5,0.3]"], "pe.degrees"), (["--api", "dalle"], "api.name"),
+                           (["--set", "pe.class_counts=public"], "pe.class_counts")):
+        run = dpsynth_run(*TINY, *extra, "--set", f"run.out_dir={tmp_path}")
         out, err = run.communicate(timeout=120)
         assert run.returncode != 0 and message in err and "Traceback" not in err, err
 
 
 def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
     run = finished_run("pe", "--api", "drawtext", "--dataset", "mnist", "--data-dir", str(idx_dir), "--epsilon", "10",
+                       "--set", "dataset.val_size=20",
                        "--set", "pe.population=20", "--set", "pe.iterations=1", "--set", "pe.lookahead=0",
                        "--set", "evaluation.enabled=false", "--set", "sampling.num_samples=30",
                        "--set", f"run.out_dir={tmp_path}")
