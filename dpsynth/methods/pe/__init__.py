@@ -105,18 +105,7 @@ class PrivateEvolution(Method):
         (event,) = context.plan["histograms"]
         assert isinstance(event, GaussianMechanism)
         threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
-        state = context.state or {}
-        if state:
-            context.generator.set_state(state["rng"])
-            sizes, start = state["sizes"], state["iteration"]
-            population = [Samples(images, params)
-                          for images, params in zip(state["images"], state["params"], strict=True)]
-        else:
-            sizes = self._class_sizes(context)
-            population = [api.random_api(c, n, context.generator) for c, n in enumerate(sizes)]
-            start = 0
-            self._checkpoint(context, sizes, population, 0)
-            self._save_grid(context, population, 0)
+        sizes, population, start = self._initial_population(context, api)
         private = class_embeddings(context.dataset.train, info.num_classes, embed)
         progress = context.progress(settings["iterations"], "pe", initial=start)
         for t in range(start, settings["iterations"]):
@@ -133,6 +122,20 @@ class PrivateEvolution(Method):
             progress.update({})
         progress.close()
         self.api, self.population, self.info = api, population, info
+
+    def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[list[int], list[Samples], int]:
+        """Class sizes, population and iterations done: from the checkpoint, or RANDOM_API per class."""
+        state = context.state
+        if state:
+            context.generator.set_state(state["rng"])
+            population = [Samples(images, params)
+                          for images, params in zip(state["images"], state["params"], strict=True)]
+            return state["sizes"], population, state["iteration"]
+        sizes = self._class_sizes(context)
+        population = [api.random_api(c, n, context.generator) for c, n in enumerate(sizes)]
+        self._checkpoint(context, sizes, population, 0)
+        self._save_grid(context, population, 0)
+        return sizes, population, 0
 
     def _class_sizes(self, context: RunContext) -> list[int]:
         """Population size per class: ``pe.population`` split by the noisy class sizes (or evenly)."""
