@@ -11,7 +11,7 @@ from typing import Any
 
 from .api import dataset_from_config, plan_privacy, resolve_config
 from .config import build_config, parse_overrides
-from .data import DATASETS
+from .data import DATASETS, Dataset
 from .diffusion.pretrain import PretrainSettings as PretrainDefaults
 from .errors import DpsynthError
 from .methods import METHODS
@@ -23,11 +23,16 @@ def _data_list(args: argparse.Namespace) -> None:
         print(f"{source.name:<{width}}  {source.description}\n{'':<{width}}  from: {source.location}")
 
 
+def _load_dataset(name: str, data_dir: str | None, overrides: list[str]) -> Dataset:
+    """Dataset ``name`` (from ``data_dir`` when given) with ``dataset.*`` overrides."""
+    pairs = [("dataset.name", name)] + parse_overrides(overrides)
+    if data_dir:
+        pairs.append(("dataset.data_dir", data_dir))
+    return dataset_from_config(build_config({}, {}, "none", pairs))
+
+
 def _data_info(args: argparse.Namespace) -> None:
-    pairs = [("dataset.name", args.name)] + parse_overrides(args.set)
-    if args.data_dir:
-        pairs.append(("dataset.data_dir", args.data_dir))
-    dataset = dataset_from_config(build_config({}, {}, "none", pairs))
+    dataset = _load_dataset(args.name, args.data_dir, args.set)
     info = dataset.info
     print(f"name:     {info.name}")
     print(f"found at: {info.source}")
@@ -60,10 +65,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     from .diffusion.pretrain import PretrainSettings, pretrain
     from .pipeline import pick_device
 
-    pairs = [("dataset.name", args.dataset)] + parse_overrides(args.set)
-    if args.data_dir:
-        pairs.append(("dataset.data_dir", args.data_dir))
-    data = dataset_from_config(build_config({}, {}, "none", pairs)).train
+    data = _load_dataset(args.dataset, args.data_dir, args.set).train
     settings = PretrainSettings(args.iterations, args.batch_size, args.lr)
     out = pretrain(data, args.out, settings, pick_device(args.device or "auto"))
     print(f"saved an unconditional diffusion model trained on {len(data)} public {args.dataset} images: {out}\n"
