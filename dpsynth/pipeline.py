@@ -14,7 +14,7 @@ from .data import Dataset
 from .errors import ConfigError, DpsynthError, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release
 from .methods import get_method
-from .methods.base import RunContext
+from .methods.base import Method, RunContext
 from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report
 from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
 
@@ -62,7 +62,7 @@ def execute(run: RunDirectory) -> RunDirectory:
     context = RunContext(dataset, run, plan, ledger, accountant, delta, pick_device(config["run"]["device"]),
                          generator, state)
     method.fit(context)
-    report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train)
+    report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method)
     images, labels, soft = method.generate(config["sampling"]["num_samples"], torch.Generator().manual_seed(
         config["run"]["seed"] + 1))
     run.save_release(images, labels, dataset.info.class_names, soft)
@@ -97,7 +97,8 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
                                dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
                                delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG))
-    report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train)
+    report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
+                             get_method(config["method"])(config))
     run.write_privacy_report(report)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")})
     return metrics
@@ -124,9 +125,11 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,
-                    num_train: int) -> dict[str, Any]:
+                    num_train: int, method: Method) -> dict[str, Any]:
+    """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover."""
     report = ledger_report(ledger, accountant, delta)
     if report["epsilon"] > target * (1 + 1e-6):
         raise PrivacyError(f"the ledger spends epsilon = {report['epsilon']:.4f}, over the target {target:g}: "
                            "nothing is released")
-    return {"target_epsilon": target, "dataset_size": num_train, **report}
+    uncovered = {"not_covered_by_epsilon": method.non_private_outputs()} if method.non_private_outputs() else {}
+    return {"target_epsilon": target, "dataset_size": num_train, **report, **uncovered}

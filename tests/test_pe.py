@@ -141,6 +141,7 @@ def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_th
     privacy = privacy_report(clean_dir)
     assert [stage["name"] for stage in privacy["stages"]] == ["class-counts", "histograms"]
     assert privacy["stages"][1]["mechanisms"][0]["steps"] == 3 and privacy["epsilon"] <= 10.0
+    assert "not_covered_by_epsilon" not in privacy
     assert sorted(p.name for p in (clean_dir / "iterations").iterdir()) == [f"iteration-00{t}.png" for t in range(4)]
     sizes = torch.load(clean_dir / "checkpoint.pt", weights_only=True)["state"]["sizes"]  # from noisy class counts
     assert sum(sizes) == 40 and min(sizes) >= 1
@@ -168,3 +169,16 @@ def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
                        "--set", f"run.out_dir={tmp_path}")
     with np.load(run / "synthetic.npz") as release:
         assert release["images"].shape == (30, 1, 28, 28)
+
+
+def test_the_nonprivate_debug_distance_is_logged_only_on_request_and_flagged_in_the_privacy_report(tmp_path):
+    process = dpsynth_run(*TINY, "--set", "pe.iterations=2", "--set", "pe.debug_nonprivate_fd=true",
+                          "--set", f"run.out_dir={tmp_path}")
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    run = next(tmp_path.iterdir())
+    debug = [e for e in map(json.loads, (run / "log.jsonl").read_text().splitlines())
+             if e["event"] == "pe-debug-NONPRIVATE"]
+    assert [e["iteration"] for e in debug] == [0, 1, 2] and all(e["frechet_distance"] > 0 for e in debug)
+    (caveat,) = privacy_report(run)["not_covered_by_epsilon"]
+    assert "log.jsonl" in caveat and "pe.debug_nonprivate_fd is on" in err

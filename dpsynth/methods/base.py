@@ -79,6 +79,10 @@ class Method(ABC):
     def fit(self, context: RunContext) -> None:
         """Learn from the private training split, recording every mechanism in ``context.ledger``."""
 
+    def non_private_outputs(self) -> list[str]:
+        """Run outputs that hold statistics of the private data no epsilon covers (debugging options only)."""
+        return []
+
     @abstractmethod
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """``num_samples`` images in [0, 1] with labels (and soft labels or None); no private data is read."""

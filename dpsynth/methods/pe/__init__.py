@@ -10,6 +10,7 @@ assumes a balanced private set, which is itself private knowledge).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,10 @@ import torch
 
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
+from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_gaussian
+from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples, find_fonts
@@ -40,7 +43,8 @@ class PrivateEvolution(Method):
                                                                             "/usr/share/fonts/opentype"],
                 "model": None, "steps": 100, "batch_size": 100},
         "pe": {"iterations": 20, "population": 50000, "lookahead": 8, "noise_multiplier": None, "threshold": None,
-               "degrees": [0.98, 0.6], "embedding": "inception", "class_counts": "noisy", "count_noise": 100.0},
+               "degrees": [0.98, 0.6], "embedding": "inception", "class_counts": "noisy", "count_noise": 100.0,
+               "debug_nonprivate_fd": False},
     }
     presets = {
         # The paper's CIFAR-10 settings (App. J): T = 20, k = 8, N_syn = 50k, 100 DDIM steps, SDEdit from
@@ -107,6 +111,10 @@ class PrivateEvolution(Method):
         threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
         sizes, population, start = self._initial_population(context, api)
         private = class_embeddings(context.dataset.train, info.num_classes, embed)
+        if self.non_private_outputs():
+            warnings.warn(f"pe.debug_nonprivate_fd is on: {self.non_private_outputs()[0]}", stacklevel=2)
+            if start == 0:
+                _log_nonprivate_distance(context, private, population, embed, 0)
         progress = context.progress(settings["iterations"], "pe", initial=start)
         for t in range(start, settings["iterations"]):
             votes = [nearest_neighbour_votes(private[c], self._lookahead(api, embed, population[c], c, degrees[t],
@@ -119,9 +127,17 @@ class PrivateEvolution(Method):
             self._checkpoint(context, sizes, population, t + 1)
             self._save_grid(context, population, t + 1)
             context.log("pe-iteration", iteration=t + 1, degree=degrees[t], **_histogram_stats(histograms))
+            if self.non_private_outputs():
+                _log_nonprivate_distance(context, private, population, embed, t + 1)
             progress.update({})
         progress.close()
         self.api, self.population, self.info = api, population, info
+
+    def non_private_outputs(self) -> list[str]:
+        if not self.config["pe"].get("debug_nonprivate_fd", False):
+            return []
+        return [f"{LOG}: the pe-debug-NONPRIVATE events (pe.debug_nonprivate_fd) hold each iteration's Fréchet "
+                "distance to the private set, which no epsilon covers; do not share that log"]
 
     def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[list[int], list[Samples], int]:
         """Class sizes, population and iterations done: from the checkpoint, or RANDOM_API per class."""
@@ -213,6 +229,15 @@ def apportion(total: int, shares: torch.Tensor) -> list[int]:
     remainder = total - int(sizes.sum())
     sizes[torch.argsort(exact - exact.floor(), descending=True)[:remainder]] += 1
     return sizes.tolist()
+
+
+def _log_nonprivate_distance(context: RunContext, private: list[torch.Tensor], population: list[Samples],
+                             embed: Embedding, iteration: int) -> None:
+    """NOT DP: the Fréchet distance, in the PE embedding space, between the population and the private set."""
+    population_features = embed(torch.cat([p.images for p in population]))
+    distance = fid(Moments.of(torch.cat(private).double().cpu().numpy()),
+                   Moments.of(population_features.double().cpu().numpy()))
+    context.log("pe-debug-NONPRIVATE", iteration=iteration, frechet_distance=distance)
 
 
 def _histogram_stats(histograms: list[torch.Tensor]) -> dict[str, float]:
