@@ -93,7 +93,8 @@ def _run(args: argparse.Namespace) -> None:
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
-        shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model)]
+        shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model),
+                     ("alignment.public", args.public)]
         overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
@@ -117,6 +118,8 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
             f"accuracy  {name:<9}{100 * result['test_accuracy']:.2f} %   [trained on {result['trained_on']}, "
             f"epoch {result['selected_epoch']}/{result['epochs']} picked by Report Noisy Max on "
             f"{result['validation_size']} val images, tested on {result['test_size']}]")
+    for name, value in metrics.get("method", {}).items():
+        lines.append(f"method    {name} = {value:.4f}" if isinstance(value, float) else f"method    {name} = {value}")
     if metrics.get("evaluation_privacy"):
         lines.append(f"model selection spent epsilon = {metrics['evaluation_privacy']['epsilon']:.4f} "
                      "(evaluation budget, reported apart from synthesis)")
@@ -195,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
     run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
+    run.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
     run.set_defaults(handler=_run)
 
     evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")

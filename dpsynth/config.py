@@ -157,3 +157,11 @@ def load_config(text: str, source: str) -> Config:
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections")
     return config
+
+
+def positive_setting(config: Config, section: str, key: str) -> float:
+    """``config[section][key]`` as a float; ConfigError naming the key unless it is a positive number."""
+    value = config[section][key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{section}.{key} must be a positive number, got {value!r}")
+    return float(value)

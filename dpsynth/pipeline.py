@@ -65,7 +65,7 @@ def execute(run: RunDirectory) -> RunDirectory:
     report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method)
     images, labels, soft = method.generate(config["sampling"]["num_samples"], torch.Generator().manual_seed(
         config["run"]["seed"] + 1))
-    run.save_release(images, labels, dataset.info.class_names, soft)
+    run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
     run.log("released", epsilon=report["epsilon"], samples=len(labels))
     print(f"released {len(labels)} images at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g}): {run.path}")
@@ -96,7 +96,8 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     ledger = run.ledger()
     metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
                                dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
-                               delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG))
+                               delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
+                               run.method_metrics())
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
                              get_method(config["method"])(config))
     run.write_privacy_report(report)

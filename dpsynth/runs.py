@@ -35,6 +35,7 @@ from .utils.images import class_grid, save_png, to_uint8
 from .utils.io import atomic_write, atomic_write_json, atomic_write_text
 
 CONFIG, LEDGER, PRIVACY, CHECKPOINT, LOG = "config.yaml", "ledger.json", "privacy.json", "checkpoint.pt", "log.jsonl"
+METHOD_METRICS = "method_metrics.json"
 SYNTHETIC, SAMPLES = "synthetic.npz", "samples.png"
 
 
@@ -123,13 +124,23 @@ class RunDirectory:
     def write_privacy_report(self, report: dict[str, Any]) -> None:
         atomic_write_json(self.file(PRIVACY), report)
 
+    def method_metrics(self) -> dict[str, Any]:
+        """What the method measured about itself (e.g. DP-ImgSyn's teacher accuracy); empty if nothing."""
+        path = self.file(METHOD_METRICS)
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def report_method_metric(self, name: str, value: Any) -> None:
+        atomic_write_json(self.file(METHOD_METRICS), {**self.method_metrics(), name: value})
+
     def save_release(self, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
-                     soft_labels: torch.Tensor | None = None) -> None:
-        """Write synthetic.npz (uint8 images, int labels, optional soft labels) and samples.png."""
+                     soft_labels: torch.Tensor | None = None, soft_label_temperature: float = 1.0) -> None:
+        """Write synthetic.npz (uint8 images, int labels, optional soft labels at their temperature) and
+        samples.png."""
         pixels, hard = to_uint8(images), labels.detach().cpu().numpy().astype(np.int64)
         arrays: dict[str, Any] = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
         if soft_labels is not None:
             arrays["soft_labels"] = soft_labels.detach().float().cpu().numpy()
+            arrays["soft_label_temperature"] = np.float64(soft_label_temperature)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
         atomic_write(self.file(SYNTHETIC), lambda handle: handle.write(buffer.getvalue()))

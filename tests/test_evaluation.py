@@ -13,10 +13,10 @@ from dpsynth.data import ImageSet, load_dataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, kid, precision_recall
 from dpsynth.evaluation.cache import FeatureCache
-from dpsynth.evaluation.classifiers import build_classifier
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
 from dpsynth.evaluation.inception import preprocess
+from dpsynth.models.classifiers import build_classifier
 from dpsynth.privacy import PrivacyLedger, ReportNoisyMax
 from dpsynth.privacy.mechanisms import report_noisy_max
 

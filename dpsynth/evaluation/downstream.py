@@ -16,9 +16,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data import ImageSet
+from ..models.classifiers import build_classifier
 from ..privacy import PrivacyLedger
 from ..privacy.mechanisms import report_noisy_max
-from .classifiers import build_classifier
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,12 @@ def correct_count(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
 
 
 def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, settings: TrainingSettings,
-                 device: torch.device, generator: torch.Generator, after_epoch: Any, desc: str) -> None:
-    """Adam with cosine decay on (images, targets); ``targets`` are class indices or probability rows.
+                 device: torch.device, generator: torch.Generator, after_epoch: Any, desc: str,
+                 temperature: float = 1.0) -> None:
+    """Adam with cosine decay on (images, targets); ``after_epoch(model)`` is called after every epoch.
 
-    ``after_epoch(model)`` is called at the end of every epoch.
+    ``targets`` are class indices (cross-entropy) or probability rows at ``temperature`` T: then the loss is
+    T^2 KL(targets || softmax(logits / T)), knowledge distillation (Hinton et al.; DP-ImgSyn Eq. 6).
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     steps_per_epoch = -(-len(images) // settings.batch_size)
@@ -59,7 +61,7 @@ def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, 
         model.train()
         for batch in torch.randperm(len(images), generator=generator).split(settings.batch_size):
             logits = model(_normalise(images[batch].to(device)))
-            loss = F.cross_entropy(logits, targets[batch].to(device))
+            loss = distillation_loss(logits, targets[batch].to(device), temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -67,10 +69,19 @@ def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, 
         after_epoch(model)
 
 
+def distillation_loss(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Cross-entropy for class indices; T^2 KL(targets || softmax(logits / T)) for probability rows."""
+    if not targets.is_floating_point():
+        return F.cross_entropy(logits, targets)
+    log_probs = F.log_softmax(logits / temperature, dim=1)
+    return F.kl_div(log_probs, targets, reduction="batchmean") * temperature ** 2
+
+
 def downstream_accuracy(
     name: str,
     synthetic: ImageSet,
     soft_labels: torch.Tensor | None,
+    temperature: float,
     validation: ImageSet,
     test: ImageSet,
     num_classes: int,
@@ -80,7 +91,8 @@ def downstream_accuracy(
     device: torch.device,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Train classifier ``name`` on the synthetic set; test accuracy at the epoch Report Noisy Max picks."""
+    """Train classifier ``name`` on the synthetic set (on ``soft_labels`` at ``temperature`` when given); test
+    accuracy at the epoch Report Noisy Max picks."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = build_classifier(name, synthetic.images.shape[1], num_classes).to(device)
@@ -92,10 +104,12 @@ def downstream_accuracy(
         val_correct.append(correct_count(trained, validation.images, validation.labels, device))
         test_accuracy.append(correct_count(trained, test.images, test.labels, device) / len(test))
 
-    train_epochs(model, synthetic.images, targets, settings, device, generator, after_epoch, f"classifier {name}")
+    train_epochs(model, synthetic.images, targets, settings, device, generator, after_epoch, f"classifier {name}",
+                 temperature)
     chosen = report_noisy_max(torch.tensor(val_correct), selection_epsilon, ledger, "model-selection", generator,
                               budget="evaluation")
     return {"test_accuracy": test_accuracy[chosen], "selected_epoch": chosen + 1, "epochs": settings.epochs,
             "last_epoch_test_accuracy": test_accuracy[-1], "selection_epsilon": selection_epsilon,
             "trained_on": len(synthetic), "soft_labels": soft_labels is not None,
+            "soft_label_temperature": temperature if soft_labels is not None else None,
             "validation_size": len(validation), "test_size": len(test)}

@@ -16,11 +16,11 @@ import torch
 
 from ..data import Dataset
 from ..errors import ConfigError
+from ..models.classifiers import build_classifier
 from ..privacy import Accountant, PrivacyLedger, ledger_report
 from ..utils.images import class_grid, save_png, to_uint8
 from ..utils.io import atomic_write_json
 from .cache import FeatureCache
-from .classifiers import build_classifier
 from .downstream import TrainingSettings, downstream_accuracy
 from .fidelity import Moments, fid, fid_infinity, kid, precision_recall
 from .inception import InceptionFeatures
@@ -89,8 +89,10 @@ def evaluate_release(
     out_dir: str | Path,
     device: torch.device,
     log_path: str | Path | None = None,
+    method_metrics: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics."""
+    """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics
+    (with ``method_metrics``, the method's own measurements, under "method")."""
     out = Path(out_dir)
     extractor = InceptionFeatures(device, settings.fast_inception, settings.inception_batch_size)
     cache = FeatureCache(settings.cache_dir)
@@ -115,6 +117,8 @@ def evaluate_release(
     metrics["accuracy"] = _accuracies(release, dataset, settings, ledger, device)
     if settings.classifiers:
         metrics["evaluation_privacy"] = ledger_report(ledger, accountant, delta).get("evaluation")
+    if method_metrics:
+        metrics["method"] = dict(method_metrics)
     _pictures(release, synthetic_index, synthetic, real_images, real, dataset, settings, out, log_path)
     atomic_write_json(out / METRICS, metrics)
     return metrics
@@ -125,8 +129,9 @@ def _accuracies(release: Release, dataset: Dataset, settings: EvaluationSettings
     training = TrainingSettings(settings.classifier_epochs, settings.classifier_batch_size, settings.classifier_lr)
     share = settings.selection_epsilon / max(1, len(settings.classifiers))
     synthetic = release.image_set()
-    return {name: downstream_accuracy(name, synthetic, release.soft_label_tensor(), dataset.val, dataset.test,
-                                      dataset.info.num_classes, training, share, ledger, device, settings.seed)
+    return {name: downstream_accuracy(name, synthetic, release.soft_label_tensor(), release.soft_label_temperature,
+                                      dataset.val, dataset.test, dataset.info.num_classes, training, share, ledger,
+                                      device, settings.seed)
             for name in settings.classifiers}
 
 

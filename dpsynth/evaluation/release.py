@@ -14,11 +14,12 @@ from ..errors import DataError
 
 @dataclass(frozen=True)
 class Release:
-    """Synthetic uint8 images N x C x H x W, hard labels and optional soft labels N x K."""
+    """Synthetic uint8 images N x C x H x W, hard labels and optional soft labels N x K at a temperature."""
 
     images: np.ndarray
     labels: np.ndarray
     soft_labels: np.ndarray | None = None
+    soft_label_temperature: float = 1.0
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -42,9 +43,12 @@ def load_release(path: str | Path, info: DatasetInfo) -> Release:
                         f"{info.num_classes} classes")
     with np.load(path, allow_pickle=False) as archive:
         soft = archive["soft_labels"].astype(np.float32) if "soft_labels" in archive.files else None
+        temperature = float(archive["soft_label_temperature"]) if "soft_label_temperature" in archive.files else 1.0
     if soft is not None:
         _check_soft_labels(soft, len(raw.labels), info.num_classes, path)
-    return Release(raw.images, raw.labels, soft)
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise DataError(f"{path}: 'soft_label_temperature' must be a positive number, got {temperature}")
+    return Release(raw.images, raw.labels, soft, temperature)
 
 
 def _check_soft_labels(soft: np.ndarray, count: int, num_classes: int, path: Path) -> None:

@@ -43,6 +43,10 @@ class RunContext:
     def log(self, event: str, **fields: Any) -> None:
         self.run.log(event, **fields)
 
+    def report_metric(self, name: str, value: Any) -> None:
+        """A measurement of the method itself, shown with the evaluation's metrics."""
+        self.run.report_method_metric(name, value)
+
 
 Release = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -78,6 +82,10 @@ class Method(ABC):
     @abstractmethod
     def fit(self, context: RunContext) -> None:
         """Learn from the private training split, recording every mechanism in ``context.ledger``."""
+
+    def soft_label_temperature(self) -> float:
+        """The temperature of the soft labels ``generate`` returns (when it returns any)."""
+        return 1.0
 
     def non_private_outputs(self) -> list[str]:
         """Run outputs that hold statistics of the private data no epsilon covers (debugging options only)."""

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from .io import atomic_write
@@ -33,3 +34,13 @@ def save_png(array: np.ndarray, path: str | Path, min_size: int = 256) -> None:
     factor = max(1, -(-min_size // max(image.size)))
     image = image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
     atomic_write(path, lambda handle: image.save(handle, format="PNG"))
+
+
+def convert_images(images: torch.Tensor, channels: int, size: int | tuple[int, int]) -> torch.Tensor:
+    """``images`` with ``channels`` channels (grey <-> RGB) at ``size``, bilinear with antialiasing."""
+    if images.shape[1] != channels:
+        images = images.mean(dim=1, keepdim=True) if channels == 1 else images.expand(-1, channels, -1, -1)
+    target = (size, size) if isinstance(size, int) else size
+    if tuple(images.shape[-2:]) != target:
+        images = F.interpolate(images, size=target, mode="bilinear", align_corners=False, antialias=True)
+    return images

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...config import positive_setting
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...evaluation.fidelity import Moments, fid
@@ -69,15 +70,16 @@ class PrivateEvolution(Method):
             raise ConfigError(f"api.name must be one of {', '.join(APIS)}, got {self.config['api']['name']!r}")
         stages = []
         if settings["class_counts"] == "noisy":
-            stages.append(PlannedStage("class-counts", GaussianMechanism(_positive(settings, "count_noise"))))
+            noise = positive_setting(self.config, "pe", "count_noise")
+            stages.append(PlannedStage("class-counts", GaussianMechanism(noise)))
         elif settings["class_counts"] != "balanced":
             raise ConfigError(f"pe.class_counts must be noisy or balanced, got {settings['class_counts']!r}")
-        iterations = int(_positive(settings, "iterations"))
+        iterations = int(positive_setting(self.config, "pe", "iterations"))
         if settings["noise_multiplier"] is None:
             stages.append(PlannedStage("histograms", calibrated=lambda sigma: GaussianMechanism(sigma, iterations)))
         else:
-            stages.append(PlannedStage("histograms", GaussianMechanism(_positive(settings, "noise_multiplier"),
-                                                                       iterations)))
+            noise = positive_setting(self.config, "pe", "noise_multiplier")
+            stages.append(PlannedStage("histograms", GaussianMechanism(noise, iterations)))
         return stages
 
     def degrees(self) -> list[float]:
@@ -245,10 +247,3 @@ def _histogram_stats(histograms: list[torch.Tensor]) -> dict[str, float]:
     counts = torch.cat(histograms)
     return {"nonzero_fraction": float((counts > 0).double().mean()), "noisy_total": float(counts.sum()),
             "max_count": float(counts.max())}
-
-
-def _positive(settings: dict[str, Any], key: str) -> float:
-    value = settings[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"pe.{key} must be a positive number, got {value!r}")
-    return float(value)

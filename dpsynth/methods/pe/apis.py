@@ -12,11 +12,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from ...data import DatasetInfo
 from ...errors import ConfigError
+from ...utils.images import convert_images
 
 
 @dataclass(frozen=True)
@@ -175,18 +175,9 @@ class DiffusionAPI:
         x = torch.randn((n, config.in_channels, config.sample_size, config.sample_size),
                         generator=generator).to(self.device)
         if images is not None:
-            start = _convert(images, config.in_channels, config.sample_size).to(self.device) * 2 - 1
+            start = convert_images(images, config.in_channels, config.sample_size).to(self.device) * 2 - 1
             x = self.scheduler.add_noise(start, x, timesteps[:1])
         for t in timesteps:
             x = self.scheduler.step(self.unet(x, t).sample, t, x).prev_sample
-        return _convert(((x + 1) / 2).clamp(0, 1).cpu(), self.info.channels, (self.info.height, self.info.width))
+        return convert_images(((x + 1) / 2).clamp(0, 1).cpu(), self.info.channels, (self.info.height, self.info.width))
 
-
-def _convert(images: torch.Tensor, channels: int, size: int | tuple[int, int]) -> torch.Tensor:
-    """``images`` with ``channels`` channels (grey <-> RGB) at ``size``, bilinear."""
-    if images.shape[1] != channels:
-        images = images.mean(dim=1, keepdim=True) if channels == 1 else images.expand(-1, channels, -1, -1)
-    target = (size, size) if isinstance(size, int) else size
-    if tuple(images.shape[-2:]) != target:
-        images = F.interpolate(images, size=target, mode="bilinear", align_corners=False, antialias=True)
-    return images

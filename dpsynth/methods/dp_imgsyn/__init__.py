@@ -1,0 +1,240 @@
+"""DP-ImgSyn (Soselia et al.): public images aligned to a DP teacher's DP batch statistics, released with the
+teacher's soft labels; a non-generative method.
+
+1. Teacher: a GroupNorm ResNet trained with DP-SGD on the private train split (stage ``teacher``).
+2. Statistics: every GroupNorm layer's per-channel input mean and variance over the private set, one
+   Gaussian mechanism on clipped per-example moments (stage ``statistics``, see ``statistics.py``).
+3. Alignment (Alg. 1): public images (or low-pass noise) with uniform target labels are optimised on the
+   feature, classification, total-variation and L2 losses, the teacher frozen (post-processing).
+4. Release: the aligned images, quantised to 8 bits, with the teacher's soft labels on exactly those images
+   at temperature T (stored with them); the hard labels are the teacher's argmax.
+The DP-SGD noise is calibrated so that both stages together meet the target epsilon.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import kornia
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ...config import positive_setting
+from ...data import Dataset, DatasetInfo, load_dataset
+from ...errors import ConfigError
+from ...evaluation.downstream import correct_count
+from ...models import group_norm_resnet
+from ...privacy import DpsgdSchedule, GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
+from ...privacy.dpsgd import DPSGD, DpsgdSettings
+from ...utils.images import class_grid, convert_images, save_png, to_uint8
+from ..base import Method, Release, RunContext, register
+from .alignment import AlignmentSettings, align_batch, uniform_targets
+from .statistics import BatchStatistics, largest_moment_norm, private_statistics
+
+ALIGNMENT_GRID = "alignment.png"
+INITS = ("public", "noise")
+
+
+@register
+class DPImgSyn(Method):
+    """DP teacher + DP GroupNorm statistics; public images aligned to them and released with soft labels."""
+
+    name = "dp-imgsyn"
+    description = "DP-ImgSyn: public images aligned to a DP teacher's DP statistics, released with soft labels"
+    sections = {
+        "teacher": {"blocks": [2, 2, 2, 2], "widths": [64, 128, 256, 512], "groups": 32, "batch_size": 128,
+                    "epochs": 20.0, "lr": 0.01, "momentum": 0.9, "clip": 1.2, "physical_batch_size": 64,
+                    "checkpoint_every": 50},
+        "statistics": {"noise_multiplier": 30.0, "clip": "auto", "batch_size": 256},
+        "alignment": {"public": "mnist-5k", "public_data_dir": None, "init": "public", "iterations": 10,
+                      "lr": 0.1, "betas": [0.5, 0.99], "batch_size": 80, "alpha_feature": 10.0, "alpha_class": 1.0,
+                      "alpha_tv": 2.5e-5, "alpha_l2": 3e-8, "temperature": 100.0},
+    }
+    presets = {
+        # App. A.1 for Fashion-MNIST at epsilon = 10 (Table 5, 7): ResNet-18 with GroupNorm, 20 epochs of
+        # batch 128, lr 0.01, C = 1.2; k = 10 alignment iterations, T = 100; as many images as private ones.
+        "paper": {"sampling": {"num_samples": 60000}},
+        # Sized for a 2-core CPU: a ResNet-10-style teacher (one block per stage, widths 16..128, 0.3M
+        # parameters, ~4x faster per example than widths 32..256) and a few epochs of large-batch DP-SGD,
+        # 5,000 aligned images.
+        "cpu": {"teacher": {"blocks": [1, 1, 1, 1], "widths": [16, 32, 64, 128], "groups": 8,
+                            "batch_size": 512, "epochs": 4.0, "lr": 0.5},
+                "sampling": {"num_samples": 5000}},
+    }
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.release: Release | None = None
+
+    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        teacher = self.config["teacher"]
+        alignment = self.config["alignment"]
+        if alignment["init"] not in INITS:
+            raise ConfigError(f"alignment.init must be one of {', '.join(INITS)}, got {alignment['init']!r}")
+        if alignment["init"] == "public" and alignment["public"] == info.name and \
+                alignment["public_data_dir"] == self.config["dataset"]["data_dir"]:
+            raise ConfigError(f"alignment.public: {info.name!r} is the private dataset itself; choose a public "
+                              "one (e.g. mnist-5k for a Fashion-MNIST private set) or alignment.init=noise")
+        schedule = DpsgdSchedule(teacher["batch_size"], teacher["epochs"], info.num_train)
+        return [PlannedStage("teacher", calibrated=schedule.event),
+                PlannedStage("statistics", GaussianMechanism(positive_setting(self.config, "statistics",
+                                                                               "noise_multiplier")))]
+
+    def soft_label_temperature(self) -> float:
+        return float(self.config["alignment"]["temperature"])
+
+    def fit(self, context: RunContext) -> None:
+        info, device = context.dataset.info, context.device
+        public = self._public_images(context.dataset) if self.config["alignment"]["init"] == "public" else None
+        teacher = self._build_teacher(info).to(device)
+        state = context.state
+        if state is None or state["phase"] == "teacher":
+            self._train_teacher(context, teacher)
+            accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
+                                     device) / len(context.dataset.test)
+            clip = self._statistics_clip(teacher, public, info.shape, device)
+            (event,) = context.plan["statistics"]
+            assert isinstance(event, GaussianMechanism)
+            statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
+                                            event.noise_multiplier,
+                                            self.config["statistics"]["batch_size"], device, context.ledger,
+                                            "statistics", context.generator)
+            state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
+                     "clip": clip, "teacher_accuracy": accuracy, "rng": context.generator.get_state()}
+            context.checkpoint(state)
+            context.log("statistics", clip=clip, teacher_test_accuracy=accuracy)
+        else:
+            teacher.load_state_dict(state["teacher"])
+            context.generator.set_state(state["rng"])
+        context.report_metric("teacher_test_accuracy", state["teacher_accuracy"])
+        statistics = BatchStatistics(**state["statistics"])
+        self.release = self._aligned_release(context, teacher, statistics, state["clip"], public)
+
+    def _build_teacher(self, info: DatasetInfo) -> torch.nn.Module:
+        settings = self.config["teacher"]
+        return group_norm_resnet(info.channels, info.num_classes, settings["blocks"], settings["widths"],
+                                 settings["groups"])
+
+    def _train_teacher(self, context: RunContext, teacher: torch.nn.Module) -> None:
+        """DP-SGD on cross-entropy (SGD with momentum), resumable from the last teacher checkpoint."""
+        settings, train = self.config["teacher"], context.dataset.train
+        (event,) = context.plan["teacher"]
+        assert isinstance(event, SubsampledGaussianMechanism)
+        optimizer = torch.optim.SGD(teacher.parameters(), lr=settings["lr"], momentum=settings["momentum"])
+        step = 0
+        if context.state is not None:
+            teacher.load_state_dict(context.state["model"])
+            optimizer.load_state_dict(context.state["optimizer"])
+            context.generator.set_state(context.state["rng"])
+            step = context.state["step"]
+        engine = DPSGD(teacher, optimizer, _example_loss,
+                       DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
+                                     settings["physical_batch_size"]),
+                       len(train), context.ledger, "teacher", context.generator)
+        inputs = _teacher_inputs(train.images)
+
+        def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return inputs[indices].to(context.device), train.labels[indices].to(context.device)
+
+        teacher.train()
+        progress = context.progress(event.steps, "teacher", initial=step)
+        while step < event.steps:
+            stats = engine.step(make_batch)
+            step += 1
+            progress.update(stats)
+            if step % settings["checkpoint_every"] == 0 or step == event.steps:
+                context.checkpoint({"phase": "teacher", "step": step, "model": teacher.state_dict(),
+                                    "optimizer": optimizer.state_dict(), "rng": context.generator.get_state()})
+                context.log("teacher", step=step, **stats)
+        progress.close()
+
+    def _public_images(self, private: Dataset) -> torch.Tensor:
+        """Every image of the public dataset, converted to the private images' size and channels."""
+        settings, info = self.config["alignment"], private.info
+        public = load_dataset(settings["public"], settings["public_data_dir"], resolution=info.height,
+                              channels=info.channels)
+        images = torch.cat([public.train.images, public.val.images, public.test.images])
+        return convert_images(images, info.channels, (info.height, info.width))
+
+    def _statistics_clip(self, teacher: torch.nn.Module, public: torch.Tensor | None, shape: tuple[int, ...],
+                         device: torch.device) -> float:
+        """``statistics.clip``, or for "auto" 1.5 x the largest moment norm over the starting images (no
+        private data is read, so choosing C this way is free)."""
+        clip = self.config["statistics"]["clip"]
+        if clip != "auto":
+            return positive_setting(self.config, "statistics", "clip")
+        starts = public if public is not None else self._noise_images(1000, shape, torch.Generator().manual_seed(0))
+        return 1.5 * largest_moment_norm(teacher, _teacher_inputs(starts), self.config["statistics"]["batch_size"],
+                                         device)
+
+    @staticmethod
+    def _noise_images(count: int, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+        """Gaussian noise low-pass filtered (App. A.6), as images in [0, 1]."""
+        noise = kornia.filters.gaussian_blur2d(torch.randn((count, *shape), generator=generator), (5, 5), (1.5, 1.5))
+        return (noise / noise.std() * 0.25 + 0.5).clamp(0, 1)
+
+    def _starting_images(self, count: int, public: torch.Tensor | None, shape: tuple[int, ...],
+                         generator: torch.Generator) -> torch.Tensor:
+        """``count`` public images in random order (each reused in turn when count exceeds the public set)."""
+        if public is None:
+            return self._noise_images(count, shape, generator)
+        order = torch.cat([torch.randperm(len(public), generator=generator)
+                           for _ in range(-(-count // len(public)))])[:count]
+        return public[order]
+
+    def _aligned_release(self, context: RunContext, teacher: torch.nn.Module, statistics: BatchStatistics,
+                         clip: float, public: torch.Tensor | None) -> Release:
+        """Alg. 1 batch by batch on ``sampling.num_samples`` images, then the teacher's soft labels."""
+        settings = AlignmentSettings.from_config(self.config["alignment"])
+        count, num_classes = self.config["sampling"]["num_samples"], context.dataset.info.num_classes
+        starts = self._starting_images(count, public, context.dataset.info.shape, context.generator)
+        targets = torch.cat([uniform_targets(len(chunk), num_classes) for chunk in starts.split(settings.batch_size)])
+        for param in teacher.parameters():
+            param.requires_grad_(False)
+        aligned, losses = [], []
+        for chunk, chunk_targets in tqdm(list(zip(starts.split(settings.batch_size),
+                                                  targets.split(settings.batch_size), strict=True)),
+                                         desc="alignment", dynamic_ncols=True):
+            images, batch_losses = align_batch(teacher, _teacher_inputs(chunk).to(context.device),
+                                               chunk_targets.to(context.device), statistics, clip, settings)
+            aligned.append((images.cpu() + 1) / 2)
+            losses.append(batch_losses)
+        context.log("alignment", iterations=settings.iterations,
+                    **{key: sum(b[key] for b in losses) / len(losses) for key in losses[0]})
+        images = torch.from_numpy(to_uint8(torch.cat(aligned))).float() / 255  # exactly what is released
+        soft = self._soft_labels(teacher, images, context.device)
+        self._save_alignment_grid(context, starts, images, targets, num_classes)
+        return images, soft.argmax(dim=1), soft
+
+    @torch.no_grad()
+    def _soft_labels(self, teacher: torch.nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        temperature = positive_setting(self.config, "alignment", "temperature")
+        logits = torch.cat([teacher(_teacher_inputs(chunk).to(device)).cpu() for chunk in images.split(500)])
+        return F.softmax(logits.double() / temperature, dim=1).float()
+
+    @staticmethod
+    def _save_alignment_grid(context: RunContext, starts: torch.Tensor, aligned: torch.Tensor, targets: torch.Tensor,
+                             num_classes: int, per_class: int = 8) -> None:
+        """Row 2c: public starting images given target class c; row 2c + 1: the same images aligned."""
+        rows = torch.cat([2 * targets, 2 * targets + 1])
+        save_png(class_grid(to_uint8(torch.cat([starts, aligned])), rows.numpy(), 2 * num_classes, per_class),
+                 context.run.file(ALIGNMENT_GRID))
+
+    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
+        """The first ``num_samples`` aligned images (``sampling.num_samples`` were aligned in fit)."""
+        if self.release is None:
+            raise RuntimeError("generate() needs fit() first")
+        images, labels, soft = self.release
+        if num_samples > len(labels):
+            raise ConfigError(f"sampling.num_samples: {len(labels)} images were aligned, {num_samples} asked")
+        assert soft is not None
+        return images[:num_samples], labels[:num_samples], soft[:num_samples]
+
+
+def _teacher_inputs(images: torch.Tensor) -> torch.Tensor:
+    """Images in [0, 1] to the teacher's input range [-1, 1] (as the evaluation's classifiers)."""
+    return images * 2 - 1
+
+
+def _example_loss(model: Any, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(image[None]), label[None])

@@ -1,0 +1,79 @@
+"""Public-image alignment (DP-ImgSyn Alg. 1): images optimised against a frozen DP teacher and DP statistics.
+
+No private data is read here: the teacher and the statistics are already DP, so this is post-processing.
+Images live in the teacher's input space [-1, 1] and are projected back onto it after every Adam step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .statistics import BatchStatistics, batch_statistics
+
+
+@dataclass(frozen=True)
+class AlignmentSettings:
+    """k iterations of Adam (lr, betas) per batch of ``batch_size`` images on Eq. 5 with weights alpha."""
+
+    iterations: int
+    lr: float
+    betas: tuple[float, float]
+    batch_size: int
+    alpha_feature: float
+    alpha_class: float
+    alpha_tv: float
+    alpha_l2: float
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> AlignmentSettings:
+        values = {key: section[key] for key in cls.__dataclass_fields__}
+        values["betas"] = tuple(values["betas"])
+        return cls(**values)
+
+
+def total_variation(images: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 per image, averaged over the batch: sum over pixels of the norm of the forward differences."""
+    dx = images[..., :-1, 1:] - images[..., :-1, :-1]
+    dy = images[..., 1:, :-1] - images[..., :-1, :-1]
+    return (dx.pow(2) + dy.pow(2) + 1e-12).sqrt().flatten(1).sum(1).mean()
+
+
+def alignment_loss(teacher: nn.Module, images: torch.Tensor, targets: torch.Tensor, private: BatchStatistics,
+                   clip: float, settings: AlignmentSettings) -> dict[str, torch.Tensor]:
+    """Eq. 5 and its terms for a batch of teacher inputs."""
+    feature = batch_statistics(teacher, images, clip).distance(private)
+    classification = F.cross_entropy(teacher(images), targets)
+    tv, l2 = total_variation(images), images.pow(2).flatten(1).sum(1).mean()
+    total = (settings.alpha_feature * feature + settings.alpha_class * classification + settings.alpha_tv * tv
+             + settings.alpha_l2 * l2)
+    return {"total": total, "feature": feature, "classification": classification, "tv": tv}
+
+
+def uniform_targets(count: int, num_classes: int) -> torch.Tensor:
+    """Target labels cycling through the classes (App. A.1.3): independent of any data."""
+    return torch.arange(count) % num_classes
+
+
+def align_batch(teacher: nn.Module, start: torch.Tensor, targets: torch.Tensor, private: BatchStatistics,
+                clip: float, settings: AlignmentSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    """Alg. 1 on one batch of teacher inputs (teacher frozen): the aligned batch, and its loss terms before
+    and after alignment."""
+    teacher.eval()
+    images = start.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([images], lr=settings.lr, betas=settings.betas)
+    for _ in range(settings.iterations):
+        loss = alignment_loss(teacher, images, targets, private, clip, settings)["total"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            images.clamp_(-1, 1)
+    with torch.no_grad():
+        before = alignment_loss(teacher, start, targets, private, clip, settings)
+        after = alignment_loss(teacher, images, targets, private, clip, settings)
+    return images.detach(), {**{f"start_{k}": float(v) for k, v in before.items()},
+                             **{f"aligned_{k}": float(v) for k, v in after.items()}}
