@@ -10,7 +10,15 @@ from .config import Config, build_config, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .errors import ConfigError
 from .methods import get_method
-from .privacy import ACCOUNTANTS, Accountant, Event, budget_report, default_delta, plan_budget
+from .privacy import (
+    ACCOUNTANTS,
+    Accountant,
+    Event,
+    budget_report,
+    default_delta,
+    non_private_stages,
+    plan_budget,
+)
 from .privacy.accountant import check_delta, check_epsilon
 
 
@@ -88,8 +96,21 @@ def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
-    return BudgetPlan(accountant, delta, target,
-                      plan_budget(method.privacy_stages(info), target, delta, accountant))
+    stages = plan_budget(method.privacy_stages(info), target, delta, accountant)
+    check_non_private(config, stages)
+    return BudgetPlan(accountant, delta, target, stages)
+
+
+def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
+    """ConfigError for stages that use the data without noise unless ``run.allow_non_private``; else a warning."""
+    unprotected = non_private_stages(stages)
+    if not unprotected:
+        return
+    what = (f"stage(s) {', '.join(unprotected)} of {config['method']} use the private data without noise, so "
+            "the release has NO differential-privacy guarantee and no epsilon")
+    if not config["run"]["allow_non_private"]:
+        raise ConfigError(f"{what}; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
+    warnings.warn(what, PrivacyWarning, stacklevel=2)
 
 
 def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:

@@ -42,6 +42,11 @@ def _data_info(args: argparse.Namespace) -> None:
     print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
 
 
+def _number(value: float | None, width: int) -> str:
+    """``value`` right-aligned to 4 decimals; "none" for None (noise-free use: no epsilon, no noise)."""
+    return f"{value:>{width}.4f}" if value is not None else f"{'none':>{width}}"
+
+
 def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
         f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}), "
@@ -52,12 +57,13 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     ]
     for stage in plan["stages"]:
         for index, part in enumerate(stage["mechanisms"]):
-            row = (f"{stage['name'] if index == 0 else '':<16}{part['mechanism']:<22}{part['noise_multiplier']:>12.4f}"
-                   f"{part['sample_rate']:>13.5g}{part['steps']:>8}")
+            row = (f"{stage['name'] if index == 0 else '':<16}{part['mechanism']:<22}"
+                   f"{_number(part['noise_multiplier'], 12)}{part['sample_rate']:>13.5g}{part['steps']:>8}")
             if index == 0:
-                row += f"{stage['epsilon_share']:>11.4f}{stage['epsilon_alone']:>11.4f}"
+                row += _number(stage["epsilon_share"], 11) + _number(stage["epsilon_alone"], 11)
             lines.append(row)
-    lines.append(f"total epsilon = {plan['epsilon']:.4f}")
+    lines.append(f"total epsilon = {plan['epsilon']:.4f}" if plan["dp_guarantee"] else
+                 "total epsilon: none, NO differential-privacy guarantee (a stage uses the data without noise)")
     return "\n".join(lines)
 
 
@@ -94,7 +100,8 @@ def _run(args: argparse.Namespace) -> None:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
         shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model),
-                     ("alignment.public", args.public)]
+                     ("alignment.public", args.public),
+                     ("run.allow_non_private", "true" if args.allow_non_private else None)]
         overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
@@ -199,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
     run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
     run.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
+    run.add_argument("--allow-non-private", action="store_true",
+                     help="run a configuration that uses the private data without noise (e.g. DP-SAD's "
+                          "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
     run.set_defaults(handler=_run)
 
     evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")

@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from .api import dataset_from_config, plan_budget_for, resolve_delta
+from .api import BudgetPlan, dataset_from_config, plan_budget_for, resolve_delta
 from .config import BASE_CONFIG, Config, build_config, set_value
 from .data import Dataset
 from .errors import ConfigError, DpsynthError, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release
 from .methods import get_method
 from .methods.base import Method, RunContext
-from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report
+from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report, non_private_stages
 from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
 
 
@@ -33,10 +33,13 @@ def pick_device(name: str) -> torch.device:
 
 
 def start(config: Config) -> RunDirectory:
-    """Create a run directory for ``config`` and execute it."""
+    """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
+    for ``config`` and execute it."""
+    dataset = dataset_from_config(config)
+    budget = plan_budget_for(config, dataset.info)
     run = RunDirectory.create(config)
     print(f"run directory: {run.path}")
-    return execute(run)
+    return execute(run, dataset, budget)
 
 
 def resume(path: str) -> RunDirectory:
@@ -48,12 +51,13 @@ def resume(path: str) -> RunDirectory:
     return execute(run)
 
 
-def execute(run: RunDirectory) -> RunDirectory:
-    """Plan the budget, fit, refuse to release over budget, write synthetic.npz, samples.png, privacy.json."""
+def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None) -> RunDirectory:
+    """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
+    privacy.json."""
     config = run.config()
-    dataset = dataset_from_config(config)
+    dataset = dataset or dataset_from_config(config)
     method = get_method(config["method"])(config)
-    budget = plan_budget_for(config, dataset.info)
+    budget = budget or plan_budget_for(config, dataset.info)
     accountant, delta, target, plan = budget.accountant, budget.delta, budget.target, budget.stages
     state, ledger = run.restore()
     run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"])
@@ -68,7 +72,9 @@ def execute(run: RunDirectory) -> RunDirectory:
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
     run.log("released", epsilon=report["epsilon"], samples=len(labels))
-    print(f"released {len(labels)} images at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g}): {run.path}")
+    guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
+                 "with NO differential-privacy guarantee (see privacy.json)")
+    print(f"released {len(labels)} images {guarantee}: {run.path}")
     if config["evaluation"]["enabled"]:
         evaluate_run(run, dataset=dataset, device=context.device)
     return run
@@ -129,6 +135,11 @@ def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float,
                     num_train: int, method: Method) -> dict[str, Any]:
     """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover."""
     report = ledger_report(ledger, accountant, delta)
+    if not report["dp_guarantee"]:  # allowed by run.allow_non_private when planned
+        unprotected = ", ".join(non_private_stages(ledger.stages()))
+        return {"target_epsilon": None, "dataset_size": num_train, **report,
+                "no_guarantee": f"stage(s) {unprotected} used the private data without noise: no epsilon covers "
+                                "this release, whatever noise the other stages added"}
     if report["epsilon"] > target * (1 + 1e-6):
         raise PrivacyError(f"the ledger spends epsilon = {report['epsilon']:.4f}, over the target {target:g}: "
                            "nothing is released")

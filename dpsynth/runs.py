@@ -40,9 +40,11 @@ SYNTHETIC, SAMPLES = "synthetic.npz", "samples.png"
 
 
 def run_name(config: Config, when: time.struct_time | None = None) -> str:
-    """``<method>-<dataset>-eps<epsilon>-<YYYYmmdd-HHMMSS>``."""
+    """``<method>-<dataset>-eps<epsilon>-<YYYYmmdd-HHMMSS>``; ``nodp`` for eps<epsilon> in a run allowed to
+    use the data without noise (``run.allow_non_private``), whose release no epsilon covers."""
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
-    return f"{config['method']}-{config['dataset']['name']}-eps{config['privacy']['epsilon']:g}-{stamp}"
+    budget = "nodp" if config["run"].get("allow_non_private") else f"eps{config['privacy']['epsilon']:g}"
+    return f"{config['method']}-{config['dataset']['name']}-{budget}-{stamp}"
 
 
 class RunDirectory:

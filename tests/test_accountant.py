@@ -1,6 +1,7 @@
 """The accountant against closed forms and Opacus; calibration round trips; parallel composition."""
 from __future__ import annotations
 
+import json
 import math
 
 import dp_accounting as dpa
@@ -15,10 +16,14 @@ from dpsynth.privacy import (
     DpsgdSchedule,
     GaussianMechanism,
     LaplaceMechanism,
+    NonPrivateAccess,
     ParallelComposition,
+    PlannedStage,
     ReportNoisyMax,
     SubsampledGaussianMechanism,
+    budget_report,
     default_delta,
+    plan_budget,
 )
 from dpsynth.privacy.accountant import scenarios
 
@@ -145,3 +150,30 @@ def test_default_delta_and_argument_errors():
         SubsampledGaussianMechanism(1.0, 1.5)
     with pytest.raises(PrivacyError, match="batch_size must lie in"):
         DpsgdSchedule(batch_size=100, epochs=1, dataset_size=50)
+
+
+def test_stages_calibrated_together_share_one_noise_multiplier_and_meet_the_target():
+    accountant, delta = Accountant("pld"), 1e-5
+    teacher, student = DpsgdSchedule(100, 3.0, 10000), DpsgdSchedule(100, 1.0, 10000)
+    plan = plan_budget([PlannedStage("teacher", calibrated=teacher.event),
+                        PlannedStage("student", calibrated=student.event)], 4.0, delta, accountant)
+    (first,), (second,) = plan["teacher"], plan["student"]
+    assert first.noise_multiplier == second.noise_multiplier
+    assert (first.steps, second.steps) == (300, 100)
+    assert 3.99 < accountant.epsilon([first, second], delta) <= 4.0
+    together = DpsgdSchedule(100, 4.0, 10000)  # the same steps as one stage need the same noise
+    assert accountant.calibrate([], together.event, 4.0, delta) == pytest.approx(first.noise_multiplier, rel=1e-3)
+
+
+def test_non_private_access_has_no_epsilon_and_no_number_in_reports():
+    accountant, delta = Accountant("pld"), 1e-5
+    assert accountant.epsilon([GaussianMechanism(5.0), NonPrivateAccess(3)], delta) == math.inf
+    plan = plan_budget([PlannedStage("teacher", event=NonPrivateAccess(10)),
+                        PlannedStage("student", calibrated=DpsgdSchedule(100, 1.0, 10000).event)], 2.0, delta,
+                       accountant)
+    (student,) = plan["student"]  # calibrated as if alone: the paper's (unsound) argument, made explicit
+    assert 1.99 < accountant.epsilon([student], delta) <= 2.0
+    report = budget_report(plan, accountant, delta)
+    assert report["dp_guarantee"] is False and report["epsilon"] is None
+    assert [row[key] for row in report["stages"] for key in ("epsilon_share", "epsilon_alone")] == [None] * 4
+    json.dumps(report, allow_nan=False)  # no Infinity / NaN in the JSON

@@ -7,8 +7,8 @@ from torch import nn
 
 from dpsynth.diffusion import Diffusion
 from dpsynth.models import build_unet
-from dpsynth.privacy import PrivacyLedger, SubsampledGaussianMechanism
-from dpsynth.privacy.dpsgd import DPSGD, EMA, DpsgdSettings, clipped_sum, per_example_gradients
+from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
+from dpsynth.privacy.dpsgd import DPSGD, EMA, DpsgdSettings, clip_gradient, clipped_sum, per_example_gradients
 
 
 def small_unet() -> nn.Module:
@@ -93,3 +93,41 @@ def test_ema_warms_up_then_tracks_parameters_and_round_trips():
     restored = EMA(Linear(), decay=0.5)
     restored.load_state_dict(ema.state_dict())
     assert restored.updates == 2 and torch.equal(restored.shadow["weight"], ema.shadow["weight"])
+
+
+class Shift(nn.Module):
+    """out = x + bias: the gradient with respect to ``bias`` is the gradient with respect to the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+def test_clip_gradient_bounds_each_examples_output_gradient_and_keeps_small_ones():
+    model, clip = Shift(), 0.5
+    targets = torch.cat([torch.randn(6, 3, 4) * 100, torch.randn(6, 3, 4) * 1e-3])  # large and small gradients
+
+    def loss(model_fn, target, *, bound=clip):
+        return (clip_gradient(model_fn(torch.zeros(3, 4)), bound) - target).pow(2).sum()
+
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    clipped = per_example_gradients(model, loss, params, {}, (targets,))["bias"].flatten(1).norm(dim=1)
+    raw = per_example_gradients(model, lambda f, t: loss(f, t, bound=float("inf")), params, {},
+                                (targets,))["bias"].flatten(1).norm(dim=1)
+    assert (clipped <= clip * (1 + 1e-6)).all()
+    assert torch.allclose(clipped[:6], torch.full((6,), clip))  # the large ones are clipped to exactly C
+    assert torch.allclose(clipped[6:], raw[6:])  # the small ones pass unchanged
+
+
+def test_a_non_private_step_adds_no_noise_and_is_recorded_as_such():
+    model, ledger = Linear(), PrivacyLedger()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, DpsgdSettings(None, 0.5, 0.1), 200, ledger, "teacher",
+                   torch.Generator().manual_seed(0))
+    engine.step(lambda idx: (torch.ones(len(idx), 2000),))
+    engine.step(lambda idx: (torch.ones(len(idx), 2000),))
+    assert torch.count_nonzero(model.weight) == 0
+    assert ledger.events() == [NonPrivateAccess(2)]

@@ -56,6 +56,47 @@ class Diffusion:
                                  None if labels is None else labels.repeat_interleave(k),
                                  times.flatten(), noise.flatten(0, 1))
 
+    def noisy(self, images: torch.Tensor, times: torch.Tensor, noise: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_t of a batch of images in [0, 1] (one time and noise each), and the prediction target there."""
+        x0 = images * 2 - 1
+        abar = self._at(self.alphas_cumprod, times, x0)
+        target = noise if self.prediction == "epsilon" else abar.sqrt() * noise - (1 - abar).sqrt() * x0
+        return abar.sqrt() * x0 + (1 - abar).sqrt() * noise, target
+
+    def previous_mean(self, output: torch.Tensor, noisy: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        """x_{t-1}: the mean of the reverse step from x_t = ``noisy`` given the network's ``output`` there.
+
+        The DDPM posterior mean of q(x_{t-1} | x_t, x_0) at the predicted x_0 (x_0 itself at t = 0): an
+        affine, invertible map of the output for a given (x_t, t), so a model that predicts noise or v
+        predicts the next-step image (DP-SAD's parameterisation) and vice versa.
+        """
+        abar = self._at(self.alphas_cumprod, times, noisy)
+        previous = torch.cat([torch.ones(1), self.alphas_cumprod[:-1]])
+        abar_prev = self._at(previous, times, noisy)
+        if self.prediction == "epsilon":
+            x0 = (noisy - (1 - abar).sqrt() * output) / abar.sqrt()
+        else:
+            x0 = abar.sqrt() * noisy - (1 - abar).sqrt() * output
+        beta = 1 - abar / abar_prev
+        return (abar_prev.sqrt() * beta * x0 + (1 - beta).sqrt() * (1 - abar_prev) * noisy) / (1 - abar)
+
+    @staticmethod
+    def _at(schedule: torch.Tensor, times: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``schedule[times]`` shaped to broadcast over ``like``'s image dimensions."""
+        return schedule.to(like.device)[times].view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
+
+    @staticmethod
+    def guided(model: ModelFn, x: torch.Tensor, times: torch.Tensor, labels: torch.Tensor, null_label: int,
+               guidance: float) -> torch.Tensor:
+        """The network's output with classifier-free guidance w: out_u + (1 + w)(out_c - out_u) (w = 0: out_c)."""
+        if not guidance:
+            return model(x, times, class_labels=labels).sample
+        both = model(torch.cat([x, x]), torch.cat([times, times]),
+                     class_labels=torch.cat([labels, torch.full_like(labels, null_label)])).sample
+        conditional, unconditional = both.chunk(2)
+        return unconditional + (1 + guidance) * (conditional - unconditional)
+
     @torch.no_grad()
     def sample(self, model: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
                steps: int = 50, guidance: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -71,13 +112,6 @@ class Diffusion:
         x = torch.randn((len(labels), *shape), generator=generator).to(device)
         labels = labels.to(device)
         for t in scheduler.timesteps:
-            time = t.expand(len(labels)).to(device)
-            if guidance:
-                both = model(torch.cat([x, x]), torch.cat([time, time]),
-                             class_labels=torch.cat([labels, torch.full_like(labels, null_label)])).sample
-                conditional, unconditional = both.chunk(2)
-                out = unconditional + (1 + guidance) * (conditional - unconditional)
-            else:
-                out = model(x, time, class_labels=labels).sample
+            out = self.guided(model, x, t.expand(len(labels)).to(device), labels, null_label, guidance)
             x = scheduler.step(out, t, x).prev_sample
         return ((x + 1) / 2).clamp(0, 1)

@@ -10,8 +10,9 @@ from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, PlannedStage, SubsampledGaussianMechanism
-from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings
+from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from .base import Method, Release, RunContext, register
+from .training import MakeBatch, PrivateTraining
 
 
 @register
@@ -73,47 +74,38 @@ class DPDM(Method):
 
     def fit(self, context: RunContext) -> None:
         """Pre-training (a hook), then DP-SGD; checkpoints carry ``phase`` so a resume skips finished phases."""
-        settings, info = self.config["dpsgd"], context.dataset.info
-        (event,) = context.plan["dp-sgd"]
-        assert isinstance(event, SubsampledGaussianMechanism)
+        info = context.dataset.info
         self.info, model = info, self._build(info, context.device)
         state = context.state if context.state is not None and context.state.get("phase") == "dp-sgd" else None
         if state is None:
             self.pretrain(context, model)
+        self.model, self.ema = model, self._train_private(context, model, "dp-sgd", self.config["dpsgd"],
+                                                          self._batch_maker(context), state)
+
+    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, settings: dict[str, Any],
+                       make_batch: MakeBatch, state: dict[str, Any] | None, loss: ExampleLoss | None = None,
+                       **hooks: Any) -> EMA:
+        """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA;
+        ends with the EMA weights. ``hooks``: PrivateTraining's ``extra_state`` and ``after_step``."""
+        (event,) = context.plan[stage]
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
-        step = 0
-        if state is not None:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            ema.load_state_dict(state["ema"])
-            context.generator.set_state(state["rng"])
-            step = state["step"]
-        engine = DPSGD(model, optimizer, self.diffusion.example_loss,
-                       DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
-                                     settings["physical_batch_size"], settings["bf16"]),
-                       len(context.dataset.train), context.ledger, "dp-sgd", context.generator)
-        make_batch = self._batch_maker(context)
-        progress = context.progress(event.steps, "dp-sgd", initial=step)
-        while step < event.steps:
-            stats = engine.step(make_batch)
-            ema.update(model)
-            step += 1
-            progress.update(stats)
-            if step % settings["checkpoint_every"] == 0 or step == event.steps:
-                context.checkpoint({"phase": "dp-sgd", "step": step, "model": model.state_dict(),
-                                    "optimizer": optimizer.state_dict(), "ema": ema.state_dict(),
-                                    "rng": context.generator.get_state()})
-                context.log("dp-sgd", step=step, **stats)
-        progress.close()
+        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], len(context.dataset.train))
+        noise = event.noise_multiplier if isinstance(event, SubsampledGaussianMechanism) else None  # non-private
+        engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"],
+                               settings["bf16"])
+        PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine, schedule.steps,
+                        settings["checkpoint_every"], ema, **hooks).run(context, make_batch, state)
         ema.copy_to(model)
-        self.model, self.ema = model, ema
+        return ema
 
-    def _batch_maker(self, context: RunContext, data: ImageSet | None = None):  # noqa: ANN202 (a closure)
-        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise."""
+    def _batch_maker(self, context: RunContext, data: ImageSet | None = None, section: str = "dpsgd") -> MakeBatch:
+        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise.
+
+        ``section`` holds the noise multiplicity K (draws of t per example)."""
         train = data if data is not None else context.dataset.train
         device, generator = context.device, context.generator
-        shape, k = context.dataset.info.shape, self.config["dpsgd"]["noise_multiplicity"]
+        shape, k = context.dataset.info.shape, self.config[section]["noise_multiplicity"]
         null, dropout = context.dataset.info.num_classes, self.config["diffusion"]["label_dropout"]
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -4,16 +4,18 @@ from .events import (
     Event,
     GaussianMechanism,
     LaplaceMechanism,
+    NonPrivateAccess,
     ParallelComposition,
     ReportNoisyMax,
     SubsampledGaussianMechanism,
 )
 from .ledger import PrivacyLedger
 from .planning import DpsgdSchedule, PlannedStage, plan_budget
-from .report import budget_report, ledger_report
+from .report import budget_report, ledger_report, non_private_stages
 
 __all__ = [
     "ACCOUNTANTS", "Accountant", "DpsgdSchedule", "Event", "GaussianMechanism", "LaplaceMechanism",
-    "ParallelComposition", "PlannedStage", "PrivacyLedger", "ReportNoisyMax", "SubsampledGaussianMechanism",
-    "budget_report", "default_delta", "ledger_report", "plan_budget",
+    "NonPrivateAccess", "ParallelComposition", "PlannedStage", "PrivacyLedger", "ReportNoisyMax",
+    "SubsampledGaussianMechanism",
+    "budget_report", "default_delta", "ledger_report", "non_private_stages", "plan_budget",
 ]

@@ -59,7 +59,7 @@ def _dominates(worse: Scenario, better: Scenario) -> bool:
     if len(worse) != len(better):
         return False
     for w, b in zip(worse, better, strict=True):
-        if type(w) is not type(b) or w.noise_multiplier > b.noise_multiplier:
+        if type(w) is not type(b) or getattr(w, "noise_multiplier", 0) > getattr(b, "noise_multiplier", 0):
             return False
         if getattr(w, "sample_rate", 1.0) < getattr(b, "sample_rate", 1.0):
             return False
@@ -118,14 +118,15 @@ class Accountant:
     def calibrate(
         self,
         prior: Sequence[Event],
-        make_event: Callable[[float], SimpleEvent],
+        make_event: Callable[[float], SimpleEvent | Sequence[SimpleEvent]],
         target_epsilon: float,
         delta: float,
         tol: float = 1e-4,
     ) -> float:
         """The smallest noise multiplier sigma such that ``prior`` then ``make_event(sigma)`` meet the target.
 
-        Raises PrivacyError when ``prior`` alone already spends the target.
+        ``make_event`` may return several events (stages that share one noise multiplier). Raises
+        PrivacyError when ``prior`` alone already spends the target.
         """
         check_epsilon(target_epsilon)
         spent = self.epsilon(prior, delta)
@@ -136,7 +137,8 @@ class Accountant:
         return max(self._calibrate_scenario(s, make_event, target_epsilon, delta, tol) for s in scenarios(prior))
 
     def _calibrate_scenario(
-        self, prior: Scenario, make_event: Callable[[float], SimpleEvent], target: float, delta: float, tol: float
+        self, prior: Scenario, make_event: Callable[[float], SimpleEvent | Sequence[SimpleEvent]], target: float,
+        delta: float, tol: float
     ) -> float:
         """Calibrate with RDP first (cheap at any sigma), then, for PLD, search just below RDP's answer.
 
@@ -146,7 +148,9 @@ class Accountant:
         prior_events = [event.to_dp_event() for event in prior]
 
         def composed(sigma: float) -> dpa.DpEvent:
-            return dpa.ComposedDpEvent(prior_events + [make_event(sigma).to_dp_event()])
+            made = make_event(sigma)
+            events = made if isinstance(made, Sequence) else [made]
+            return dpa.ComposedDpEvent(prior_events + [event.to_dp_event() for event in events])
 
         sigma_rdp = _calibrate(rdp.RdpAccountant, composed, target, delta, dpa.LowerEndpointAndGuess(0.05, 1.0), tol)
         if self.kind == "rdp":

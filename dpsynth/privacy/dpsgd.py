@@ -7,6 +7,7 @@ The step is recorded in the ledger before the noisy gradient is used.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .events import SubsampledGaussianMechanism
+from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 from .mechanisms import gaussian_noise, poisson_sample
 
@@ -25,9 +26,13 @@ ExampleLoss = Callable[..., torch.Tensor]
 
 @dataclass(frozen=True)
 class DpsgdSettings:
-    """Noise multiplier sigma, clipping norm C, sampling rate q, the physical chunk size, bf16 autocast."""
+    """Noise multiplier sigma, clipping norm C, sampling rate q, the physical chunk size, bf16 autocast.
 
-    noise_multiplier: float
+    A noise multiplier of None runs the same steps with neither clipping nor noise, recorded in the ledger
+    as :class:`NonPrivateAccess` (for configurations a user explicitly allows to be non-private).
+    """
+
+    noise_multiplier: float | None
     clip: float
     sample_rate: float
     physical_batch_size: int = 64
@@ -52,6 +57,35 @@ def clipped_sum(grads: Params, clip: float) -> tuple[Params, torch.Tensor]:
     return {name: torch.einsum("b,b...->...", factors, g) for name, g in grads.items()}, norms
 
 
+class _ClipGradient(torch.autograd.Function):
+    """Identity forward; backward scales the incoming gradient to L2 norm <= max_norm (per example under vmap)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.max_norm = inputs[1]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        scale = (ctx.max_norm / (grad.norm() + 1e-12)).clamp(max=1.0)  # type: ignore[attr-defined]
+        return grad * scale, None
+
+
+def clip_gradient(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """``x`` unchanged, but the gradient flowing back through it is clipped to L2 norm ``max_norm``.
+
+    Inside :func:`per_example_gradients` this clips each example's gradient with respect to an
+    intermediate output (DP-SAD's student output, Eq. 17). It bounds no sensitivity by itself: what is
+    backpropagated further still depends on the example, so DP-SGD's parameter clipping stays.
+    """
+    return _ClipGradient.apply(x, max_norm)
+
+
 class DPSGD:
     """Private gradient steps for ``model`` on a private dataset, recorded in ``ledger`` as ``stage``.
 
@@ -69,6 +103,7 @@ class DPSGD:
     def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
         """One DP-SGD step; returns the sampled batch size and the mean unclipped gradient norm."""
         s = self.settings
+        clip = s.clip if s.noise_multiplier is not None else math.inf
         indices = poisson_sample(self.num_records, s.sample_rate, self.generator)
         detached = {n: p.detach() for n, p in self.params.items()}
         buffers = {n: b.detach() for n, b in self.model.named_buffers()}
@@ -78,15 +113,19 @@ class DPSGD:
         for chunk in indices.split(s.physical_batch_size):
             with torch.autocast(device_type, dtype=torch.bfloat16, enabled=s.bf16):
                 grads = per_example_gradients(self.model, self.loss, detached, buffers, make_batch(chunk))
-            summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, s.clip)
+            summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, clip)
             for name in total:
                 total[name] += summed[name]
             norm_sum += float(norms.sum())
-        self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
+        if s.noise_multiplier is None:
+            self.ledger.record(self.stage, NonPrivateAccess())
+        else:
+            self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
+            for name, param in self.params.items():
+                total[name] += gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.generator, param)
         expected = s.sample_rate * self.num_records
         for name, param in self.params.items():
-            noise = gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.generator, param)
-            param.grad = (total[name] + noise) / expected
+            param.grad = total[name] / expected
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"batch": float(len(indices)), "grad_norm": norm_sum / max(1, len(indices))}

@@ -127,10 +127,31 @@ class ParallelComposition:
         return None
 
 
-SimpleEvent = GaussianMechanism | SubsampledGaussianMechanism | LaplaceMechanism | ReportNoisyMax
+@dataclass(frozen=True)
+class NonPrivateAccess:
+    """``count`` uses of the private data with no noise (e.g. non-private training): no epsilon covers them.
+
+    Allowed only when a run opts in (``run.allow_non_private``); any composition holding it has epsilon
+    infinity, so the run's reports say it has no differential-privacy guarantee.
+    """
+
+    count: int = 1
+    kind: str = field(default="non_private", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self.count, "count")
+
+    def to_dp_event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dpa.NonPrivateDpEvent(), self.count)
+
+    def merged(self, other: Event) -> Event | None:
+        return replace(self, count=self.count + other.count) if isinstance(other, NonPrivateAccess) else None
+
+
+SimpleEvent = GaussianMechanism | SubsampledGaussianMechanism | LaplaceMechanism | ReportNoisyMax | NonPrivateAccess
 Event = SimpleEvent | ParallelComposition
 _SIMPLE = {cls.kind: cls for cls in (GaussianMechanism, SubsampledGaussianMechanism, LaplaceMechanism,
-                                      ReportNoisyMax)}
+                                      ReportNoisyMax, NonPrivateAccess)}
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import PrivacyError
 from .accountant import Accountant
-from .events import Event, SimpleEvent, SubsampledGaussianMechanism
+from .events import Event, NonPrivateAccess, SimpleEvent, SubsampledGaussianMechanism
 
 
 @dataclass(frozen=True)
@@ -25,19 +25,23 @@ class PlannedStage:
 def plan_budget(
     stages: list[PlannedStage], target_epsilon: float, delta: float, accountant: Accountant
 ) -> dict[str, list[Event]]:
-    """Each stage's event, with the calibrated stage's noise set so the whole plan meets the target."""
+    """Each stage's event, the calibrated stages sharing one noise multiplier set so the plan meets the target.
+
+    Stages that use the data without noise (:class:`NonPrivateAccess`, an explicit opt-in) are left out
+    of the calibration: the private stages then meet the target on their own, and the run's reports
+    state that no epsilon covers the whole run.
+    """
     fixed = {stage.name: stage.event for stage in stages if stage.event is not None}
+    private = [event for event in fixed.values() if not isinstance(event, NonPrivateAccess)]
     families = {stage.name: stage.calibrated for stage in stages if stage.calibrated is not None}
-    if len(families) > 1:
-        raise PrivacyError(f"at most one stage can be calibrated, got {list(families)}")
     if not families:
-        spent = accountant.epsilon(list(fixed.values()), delta)
+        spent = accountant.epsilon(private, delta)
         if spent > target_epsilon:
             raise PrivacyError(f"the planned stages spend epsilon = {spent:.4g}, over the target {target_epsilon:g}")
         return {name: [event] for name, event in fixed.items()}
-    ((calibrated_name, family),) = families.items()
-    sigma = accountant.calibrate(list(fixed.values()), family, target_epsilon, delta)
-    resolved: dict[str, Event] = {**fixed, calibrated_name: family(sigma)}
+    sigma = accountant.calibrate(private, lambda s: [family(s) for family in families.values()], target_epsilon,
+                                 delta)
+    resolved: dict[str, Event] = {**fixed, **{name: family(sigma) for name, family in families.items()}}
     return {stage.name: [resolved[stage.name]] for stage in stages}
 
 

@@ -1,11 +1,12 @@
 """Privacy reports: each stage's mechanism and share of the budget, as in every run's privacy.json."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .accountant import Accountant
-from .events import Event, ParallelComposition, SimpleEvent, SubsampledGaussianMechanism
+from .events import Event, NonPrivateAccess, ParallelComposition, SimpleEvent, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 
 
@@ -24,9 +25,9 @@ def describe_stage(name: str, events: Sequence[Event], accountant: Accountant, d
             flat += _worst_part(event, accountant, delta)
         else:
             flat.append(event)
-    steps: dict[tuple[str, float, float], int] = {}
+    steps: dict[tuple[str, float | None, float], int] = {}
     for event in flat:
-        key = (event.kind, event.noise_multiplier, getattr(event, "sample_rate", 1.0))
+        key = (event.kind, getattr(event, "noise_multiplier", None), getattr(event, "sample_rate", 1.0))
         steps[key] = steps.get(key, 0) + _repetitions(event)
     summary: dict[str, Any] = {"name": name, "mechanisms": [
         {"mechanism": kind, "noise_multiplier": noise, "sample_rate": rate, "steps": count}
@@ -40,22 +41,36 @@ def _repetitions(event: SimpleEvent) -> int:
     return event.steps if isinstance(event, SubsampledGaussianMechanism) else event.count
 
 
+def non_private_stages(stages: Mapping[str, Sequence[Event]]) -> list[str]:
+    """The stages that used the private data without noise."""
+    return [name for name, events in stages.items() if any(isinstance(e, NonPrivateAccess) for e in events)]
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def budget_report(stages: Mapping[str, Sequence[Event]], accountant: Accountant, delta: float) -> dict[str, Any]:
     """Total epsilon of the stages composed, and each stage's description and share.
 
     ``epsilon_share`` is the increase in total epsilon when the stage joins the ones before it (the
-    shares add up to the total); ``epsilon_alone`` is the stage's epsilon on its own.
+    shares add up to the total); ``epsilon_alone`` is the stage's epsilon on its own. A stage that used
+    the data without noise (:class:`NonPrivateAccess`) voids the guarantee: ``dp_guarantee`` is false
+    and every epsilon from it on is None (JSON null), never a number.
     """
     rows, so_far, spent = [], [], 0.0
     for name, events in stages.items():
         so_far += list(events)
         total = accountant.epsilon(so_far, delta)
         row = describe_stage(name, events, accountant, delta)
-        row["epsilon_share"] = total - spent
-        row["epsilon_alone"] = accountant.epsilon(events, delta)
+        row["epsilon_share"] = _finite(total - spent) if math.isfinite(spent) else None
+        row["epsilon_alone"] = _finite(accountant.epsilon(events, delta))
         rows.append(row)
         spent = total
-    return {"epsilon": spent, "delta": delta, "accountant": accountant.kind, "stages": rows}
+    if not math.isfinite(spent):  # no stage's own epsilon either: none could be taken for the run's
+        rows = [{**row, "epsilon_alone": None} for row in rows]
+    return {"epsilon": _finite(spent), "dp_guarantee": math.isfinite(spent), "delta": delta,
+            "accountant": accountant.kind, "stages": rows}
 
 
 def ledger_report(ledger: PrivacyLedger, accountant: Accountant, delta: float) -> dict[str, Any]:

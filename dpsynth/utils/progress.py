@@ -1,6 +1,7 @@
 """A progress bar that shows the privacy budget spent so far."""
 from __future__ import annotations
 
+import math
 import time
 
 from tqdm.auto import tqdm
@@ -28,8 +29,12 @@ class PrivacyProgress:
         if time.monotonic() - self._last >= self.refresh_seconds:
             self._refresh_epsilon()
         shown = {k: f"{v:.4g}" for k, v in (metrics or {}).items()}
-        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}", **shown}, refresh=False)
+        self.bar.set_postfix({"eps": self._shown_epsilon(), **shown}, refresh=False)
         self.bar.update(n)
+
+    def _shown_epsilon(self) -> str:
+        """Epsilon so far; "none" once a stage used the data without noise (no guarantee, no number)."""
+        return f"{self.epsilon:.3f}" if math.isfinite(self.epsilon) else "none"
 
     def _refresh_epsilon(self) -> None:
         self.epsilon = self.accountant.epsilon(self.ledger.events("synthesis"), self.delta)
@@ -38,6 +43,6 @@ class PrivacyProgress:
     def close(self) -> float:
         """Close the bar and return the final epsilon."""
         self._refresh_epsilon()
-        self.bar.set_postfix({"eps": f"{self.epsilon:.3f}"})
+        self.bar.set_postfix({"eps": self._shown_epsilon()})
         self.bar.close()
         return self.epsilon

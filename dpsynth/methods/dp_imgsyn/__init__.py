@@ -25,9 +25,10 @@ from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
 from ...privacy import DpsgdSchedule, GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
-from ...privacy.dpsgd import DPSGD, DpsgdSettings
+from ...privacy.dpsgd import DpsgdSettings
 from ...utils.images import class_grid, convert_images, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
+from ..training import PrivateTraining
 from .alignment import AlignmentSettings, align_batch, uniform_targets
 from .statistics import BatchStatistics, largest_moment_norm, private_statistics
 
@@ -121,32 +122,16 @@ class DPImgSyn(Method):
         (event,) = context.plan["teacher"]
         assert isinstance(event, SubsampledGaussianMechanism)
         optimizer = torch.optim.SGD(teacher.parameters(), lr=settings["lr"], momentum=settings["momentum"])
-        step = 0
-        if context.state is not None:
-            teacher.load_state_dict(context.state["model"])
-            optimizer.load_state_dict(context.state["optimizer"])
-            context.generator.set_state(context.state["rng"])
-            step = context.state["step"]
-        engine = DPSGD(teacher, optimizer, _example_loss,
-                       DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
-                                     settings["physical_batch_size"]),
-                       len(train), context.ledger, "teacher", context.generator)
         inputs = _teacher_inputs(train.images)
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return inputs[indices].to(context.device), train.labels[indices].to(context.device)
 
         teacher.train()
-        progress = context.progress(event.steps, "teacher", initial=step)
-        while step < event.steps:
-            stats = engine.step(make_batch)
-            step += 1
-            progress.update(stats)
-            if step % settings["checkpoint_every"] == 0 or step == event.steps:
-                context.checkpoint({"phase": "teacher", "step": step, "model": teacher.state_dict(),
-                                    "optimizer": optimizer.state_dict(), "rng": context.generator.get_state()})
-                context.log("teacher", step=step, **stats)
-        progress.close()
+        engine = DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
+                               settings["physical_batch_size"])
+        PrivateTraining("teacher", teacher, optimizer, _example_loss, engine, event.steps,
+                        settings["checkpoint_every"]).run(context, make_batch, context.state)
 
     def _public_images(self, private: Dataset) -> torch.Tensor:
         """Every image of the public dataset, converted to the private images' size and channels."""

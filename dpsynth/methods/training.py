@@ -1,0 +1,66 @@
+"""A resumable DP-SGD phase: engine steps, EMA, progress with epsilon, checkpoints that carry the phase."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
+from .base import RunContext
+
+MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+
+
+@dataclass
+class PrivateTraining:
+    """``steps`` DP-SGD steps of ``model``, recorded in the ledger and checkpointed as phase ``stage``.
+
+    ``extra_state`` adds method state to each checkpoint; ``after_step`` runs after each private step
+    (e.g. a discriminator update on non-private inputs) and returns metrics to show.
+    """
+
+    stage: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: ExampleLoss
+    settings: DpsgdSettings
+    steps: int
+    checkpoint_every: int
+    ema: EMA | None = None
+    extra_state: Callable[[], dict[str, Any]] = field(default=dict)
+    after_step: Callable[[], dict[str, float]] | None = None
+
+    def run(self, context: RunContext, make_batch: MakeBatch, state: dict[str, Any] | None = None) -> None:
+        """Train from ``state`` (a checkpoint of this phase) or from the start."""
+        step = 0
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.ema is not None:
+                self.ema.load_state_dict(state["ema"])
+            context.generator.set_state(state["rng"])
+            step = state["step"]
+        engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
+                       context.ledger, self.stage, context.generator)
+        progress = context.progress(self.steps, self.stage, initial=step)
+        while step < self.steps:
+            stats = engine.step(make_batch)
+            if self.ema is not None:
+                self.ema.update(self.model)
+            if self.after_step is not None:
+                stats.update(self.after_step())
+            step += 1
+            progress.update(stats)
+            if step % self.checkpoint_every == 0 or step == self.steps:
+                context.checkpoint(self._state(step, context))
+                context.log(self.stage, step=step, **stats)
+        progress.close()
+
+    def _state(self, step: int, context: RunContext) -> dict[str, Any]:
+        ema = {"ema": self.ema.state_dict()} if self.ema is not None else {}
+        return {"phase": self.stage, "step": step, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), **ema, "rng": context.generator.get_state(),
+                **self.extra_state()}

@@ -1,0 +1,89 @@
+"""DP-SAD: both stages in the ledger, a non-private teacher yields no epsilon anywhere, resume, the next-step map."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_killed_run_resumes_to, finished_run, privacy_report
+from diffusers import DDPMScheduler
+
+from dpsynth.diffusion import Diffusion
+from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
+
+
+def tiny(out_dir: Path, *extra: str) -> list[str]:
+    settings = ["model.block_channels=[8, 16]", "model.norm_groups=4", "teacher.batch_size=64", "teacher.epochs=1",
+                "student.batch_size=64", "student.epochs=1", "teacher.checkpoint_every=5",
+                "student.checkpoint_every=5", "sampling.num_samples=30", "diffusion.sample_steps=4",
+                "discriminator.pool=40", "discriminator.pool_steps=4", "discriminator.batch_size=16",
+                "evaluation.enabled=false", f"run.out_dir={out_dir}"]
+    return ["dp-sad", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *extra,
+            *[arg for setting in settings for arg in ("--set", setting)]]
+
+
+def epsilons(report: object) -> list[object]:
+    """Every value under a key that mentions epsilon, anywhere in a JSON document."""
+    if isinstance(report, dict):
+        found = [v for k, v in report.items() if "epsilon" in k and not isinstance(v, (dict, list))]
+        return found + [x for v in report.values() for x in epsilons(v)]
+    return [x for v in report for x in epsilons(v)] if isinstance(report, list) else []
+
+
+def test_default_run_accounts_teacher_and_student_then_resumes_from_the_student_phase(tmp_path):
+    run = finished_run(*tiny(tmp_path / "clean"))
+    ledger = PrivacyLedger.load(run / "ledger.json")
+    stages = ledger.stages()
+    assert list(stages) == ["teacher", "student"]
+    (teacher,), (student,) = stages["teacher"], stages["student"]
+    assert isinstance(teacher, SubsampledGaussianMechanism) and isinstance(student, SubsampledGaussianMechanism)
+    assert teacher.noise_multiplier == student.noise_multiplier  # one calibrated sigma
+    assert teacher.steps == student.steps == 22  # 1 epoch each of 1,437 records at batch 64
+    report = privacy_report(run)
+    assert report["dp_guarantee"] is True and 7.9 < report["epsilon"] <= 8.0
+    assert (run / "teacher_pool.png").is_file()
+    assert_killed_run_resumes_to(run, tiny(tmp_path / "crash"),
+                                 lambda e: e.get("event") == "student" and e["step"] >= 10)
+
+
+def test_non_private_teacher_needs_the_flag_and_then_yields_no_epsilon_anywhere(tmp_path):
+    refused = subprocess.run([sys.executable, "-m", "dpsynth", "run",
+                              *tiny(tmp_path, "--set", "teacher.training=non-private")],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "teacher of dp-sad use the private data without noise" in refused.stderr
+    assert "--allow-non-private" in refused.stderr and not list(tmp_path.glob("*"))
+
+    process = subprocess.run([sys.executable, "-m", "dpsynth", "run", "--allow-non-private",
+                              *tiny(tmp_path, "--set", "teacher.training=non-private")],
+                             capture_output=True, text=True)
+    assert process.returncode == 0, process.stderr
+    assert "NO differential-privacy guarantee" in process.stderr  # the warning
+    assert "released 30 images with NO differential-privacy guarantee" in process.stdout
+    (run,) = tmp_path.glob("dp-sad-digits-nodp-*")
+    report = privacy_report(run)
+    assert report["dp_guarantee"] is False and "teacher" in report["no_guarantee"]
+    assert set(epsilons(report)) == {None}
+    released = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()][-1]
+    assert released["event"] == "released" and released["epsilon"] is None
+    stages = PrivacyLedger.load(run / "ledger.json").stages()
+    assert stages["teacher"] == [NonPrivateAccess(22)]
+    assert isinstance(stages["student"][0], SubsampledGaussianMechanism)
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v"])
+def test_the_next_step_image_is_diffusers_noise_free_ddpm_step(prediction, monkeypatch):
+    diffusion = Diffusion(1000, "linear", prediction)
+    images, times = torch.rand(5, 1, 8, 8), torch.tensor([0, 1, 40, 500, 999])
+    noisy, target = diffusion.noisy(images, times, torch.randn(5, 1, 8, 8))
+    output = torch.randn(5, 1, 8, 8)
+    scheduler = DDPMScheduler.from_config(diffusion.train_scheduler.config, clip_sample=False)
+    monkeypatch.setattr("diffusers.schedulers.scheduling_ddpm.randn_tensor", lambda shape, **_: torch.zeros(shape))
+    expected = torch.cat([scheduler.step(output[i:i + 1], int(times[i]), noisy[i:i + 1]).prev_sample
+                          for i in range(5)])
+    assert torch.allclose(diffusion.previous_mean(output, noisy, times), expected, atol=1e-5)
+    # the exact prediction gives the forward process's posterior mean, x_0 itself at t = 0
+    assert torch.allclose(diffusion.previous_mean(target, noisy, times)[0], images[0] * 2 - 1, atol=1e-5)
