@@ -61,7 +61,7 @@ def test_privacy_plan_human_readable(capsys):
     (["privacy", "dpdm", "--set", "dpsgd.batch_size=big"], "dpsgd.batch_size expects a value of type int, got 'big'"),
     (["privacy", "dpdm", "--set", "privacy.accountant=moments"], "privacy.accountant must be one of pld, rdp"),
     (["privacy", "dpdm", "--set", "dpsgd"], "--set expects key=value"),
-    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dpdm"),
+    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dp-sad, dpdm"),
     (["privacy", "dpdm", "--dataset", "imagenet"], "unknown dataset 'imagenet'; known datasets: fashion-mnist"),
     (["privacy", "dpdm", "--preset", "gpu"], "no preset 'gpu'; presets: paper, cpu"),
     (["privacy", "dpdm", "--dataset", "mnist-5k", "--set", "dpsgd.batch_size=9000"], "batch_size must lie in"),
