@@ -154,6 +154,18 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(f"metrics and pictures: {out}")
 
 
+def _bench(args: argparse.Namespace) -> None:
+    from .bench import BenchSpec, method_list, run_bench
+
+    spec = BenchSpec(method_list(args.methods), args.datasets, args.epsilons, args.preset, args.set, args.data_dir,
+                     args.device)
+    failed = run_bench(spec, args.out)
+    print(f"results: {Path(args.out) / 'results.md'}")
+    if failed:
+        raise DpsynthError(f"{len(failed)} cell(s) failed: {', '.join(failed)}; their bench.out says why; "
+                           "rerun the same command to retry them")
+
+
 def _add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
@@ -219,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(evaluate)
     evaluate.set_defaults(handler=_evaluate)
+
+    bench = commands.add_parser("bench", help="run methods x datasets x epsilons alike and tabulate the results")
+    bench.add_argument("--methods", nargs="+", required=True, help=f"all, or some of: {', '.join(sorted(METHODS))}")
+    bench.add_argument("--datasets", nargs="+", default=["fashion-mnist"])
+    bench.add_argument("--epsilons", nargs="+", type=float, required=True, help="target epsilons")
+    bench.add_argument("--preset", help="configuration preset of every run (cpu or paper)")
+    bench.add_argument("--out", default="bench", help="bench directory; rerun with the same options to resume")
+    bench.add_argument("--data-dir", help="directory (or .npz file) of the one dataset")
+    bench.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    bench.add_argument("--set", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
+                       help="override a config key in every run, or in one method's runs (repeatable)")
+    bench.set_defaults(handler=_bench)
     return parser
 
 
@@ -238,6 +262,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("dpsynth: interrupted; a run continues from its last checkpoint with "
-              "`dpsynth run --resume RUN_DIR`", file=sys.stderr)
+              "`dpsynth run --resume RUN_DIR`, a bench when rerun with the same options", file=sys.stderr)
         return 130
     return 0

@@ -71,13 +71,18 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
         config["run"]["seed"] + 1))
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
-    run.log("released", epsilon=report["epsilon"], samples=len(labels))
+    run.log("released", epsilon=report["epsilon"], samples=len(labels), **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
     print(f"released {len(labels)} images {guarantee}: {run.path}")
     if config["evaluation"]["enabled"]:
         evaluate_run(run, dataset=dataset, device=context.device)
     return run
+
+
+def _cuda_peak(device: torch.device) -> dict[str, int]:
+    """The process's peak CUDA memory allocated on ``device`` (nothing on the CPU), for the log."""
+    return {"cuda_peak_bytes": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else {}
 
 
 def _evaluation_config(config: Config, overrides: Iterable[tuple[str, Any]]) -> Config:
@@ -107,7 +112,8 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
                              get_method(config["method"])(config))
     run.write_privacy_report(report)
-    run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")})
+    run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
+            **_cuda_peak(device or pick_device(config["run"]["device"])))
     return metrics
 
 

@@ -54,9 +54,10 @@ class RunDirectory:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, config: Config, root: str | Path | None = None) -> RunDirectory:
-        """A new, uniquely named run directory under ``root`` (default ``config['run']['out_dir']``)."""
-        base = Path(root if root is not None else config["run"]["out_dir"]) / run_name(config)
+    def create(cls, config: Config, root: str | Path | None = None, name: str | None = None) -> RunDirectory:
+        """A new run directory under ``root`` (default ``config['run']['out_dir']``) named ``name`` (default
+        :func:`run_name`; ``-2``, ``-3``... appended while the name is taken)."""
+        base = Path(root if root is not None else config["run"]["out_dir"]) / (name or run_name(config))
         path, suffix = base, 1
         while True:
             try:

@@ -1,0 +1,239 @@
+"""``dpsynth bench``: every method x dataset x epsilon in one resumable directory, evaluated alike, tabulated.
+
+Layout of the bench directory::
+
+    runs/<method>-<dataset>-eps<epsilon>/   an ordinary run directory (resume, evaluate and inspect it as one)
+        bench.jsonl                         one record per child process: phase, wall and CPU time, peak memory
+        bench.out                           the child processes' output
+    results.csv, results.md                 one row per cell, rewritten after every cell
+    fid.png, accuracy.png                   per method and epsilon
+    samples-<dataset>-eps<epsilon>.png      the methods' sample grids side by side
+
+Each cell runs in child processes (``dpsynth run --resume``, then ``dpsynth evaluate``), so its peak memory
+and CPU time are its own; a cell whose child fails is recorded and the bench goes on with the next one.
+Rerunning the same command continues where it stopped: finished phases are never repeated.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..api import dataset_from_config, plan_budget_for, resolve_config
+from ..config import Config, flat_keys
+from ..errors import ConfigError, DpsynthError
+from ..methods import METHODS
+from ..runs import CONFIG, PRIVACY, RunDirectory
+from .results import ATTEMPTS, OUTPUT, write_results
+
+__all__ = ["Cell", "BenchSpec", "run_bench"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One method on one dataset at one target epsilon."""
+
+    method: str
+    dataset: str
+    epsilon: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-{self.dataset}-eps{self.epsilon:g}"
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What to run: the grid, its preset and its ``key=value`` overrides (``method:key=value`` for one method)."""
+
+    methods: Sequence[str]
+    datasets: Sequence[str]
+    epsilons: Sequence[float]
+    preset: str | None = None
+    overrides: Sequence[str] = ()
+    data_dir: str | None = None
+    device: str | None = None
+
+    def cells(self) -> list[Cell]:
+        return [Cell(m, d, e) for d in self.datasets for e in self.epsilons for m in self.methods]
+
+
+def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
+    """Run every cell of ``spec`` not yet finished under ``out``; returns the names of cells that failed.
+
+    Every config is resolved and every budget planned before the first child starts, so bad input stops
+    the bench before any compute.
+    """
+    out = Path(out)
+    configs = _configs(spec, out / "runs")
+    _check_comparable(configs)
+    failed = []
+    for cell, config in configs.items():
+        run = _open_cell(out / "runs" / cell.name, config)
+        print(f"[bench] {cell.name}: {_status(run)}", flush=True)
+        if not _finish(run):
+            failed.append(cell.name)
+        write_results(out, list(configs), ", ".join(sorted({c["preset"] for c in configs.values()})))
+    return failed
+
+
+def _configs(spec: BenchSpec, runs: Path) -> dict[Cell, Config]:
+    """Each cell's resolved config (evaluation in its own child, so not inside the run), budgets planned."""
+    _check_spec(spec)
+    shared, scoped = _split_overrides(spec)
+    direct = [f"run.out_dir={runs}", "evaluation.enabled=false"] + ([f"run.device={spec.device}"]
+                                                                     if spec.device else [])
+    configs = {}
+    for cell in spec.cells():
+        try:
+            configs[cell] = resolve_config(cell.method, dataset=cell.dataset, epsilon=cell.epsilon,
+                                           preset=spec.preset, data_dir=spec.data_dir,
+                                           overrides=[*shared, *scoped.get(cell.method, []), *direct])
+        except ConfigError as exc:
+            raise ConfigError(f"{cell.name}: {exc}") from None
+    infos = {name: dataset_from_config(next(c for cell, c in configs.items() if cell.dataset == name)).info
+             for name in spec.datasets}
+    for cell, config in configs.items():
+        plan_budget_for(config, infos[cell.dataset])
+    return configs
+
+
+def _check_spec(spec: BenchSpec) -> None:
+    for what, values in (("--methods", spec.methods), ("--datasets", spec.datasets),
+                         ("--epsilons", spec.epsilons)):
+        if not values:
+            raise ConfigError(f"{what}: give at least one")
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{what}: {list(values)} names one twice")
+    unknown = [m for m in spec.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(sorted(METHODS))}")
+    if spec.data_dir and len(spec.datasets) > 1:
+        raise ConfigError("--data-dir names one dataset's files; give one dataset with it")
+
+
+def _split_overrides(spec: BenchSpec) -> tuple[list[str], dict[str, list[str]]]:
+    """``key=value`` for every method, ``method:key=value`` for one."""
+    shared: list[str] = []
+    scoped: dict[str, list[str]] = {}
+    for item in spec.overrides:
+        method, colon, rest = item.partition("=")[0].partition(":")
+        if not colon:
+            shared.append(item)
+        elif method not in spec.methods:
+            raise ConfigError(f"--set {item!r}: {method!r} is not one of the bench's methods "
+                              f"({', '.join(spec.methods)})")
+        else:
+            scoped.setdefault(method, []).append(item.split(":", 1)[1])
+    return shared, scoped
+
+
+def _check_comparable(configs: dict[Cell, Config]) -> None:
+    """Every cell releases as many images and is evaluated with the same settings."""
+    for key in ("sampling.num_samples", *(f"evaluation.{k}" for k in next(iter(configs.values()))["evaluation"]
+                                          if k != "enabled")):
+        values = {cell.name: _get(config, key) for cell, config in configs.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            shown = ", ".join(f"{name}: {value!r}" for name, value in values.items())
+            raise ConfigError(f"{key} differs between cells ({shown}); a bench compares methods on equal terms: "
+                              f"set it once for all (--set {key}=...)")
+
+
+def _get(config: Config, key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _open_cell(path: Path, config: Config) -> RunDirectory:
+    """The cell's run directory: created on first use, else checked to hold the same config."""
+    if not path.exists():
+        return RunDirectory.create(config, path.parent, path.name)
+    run = RunDirectory.open(path)
+    differences = _differences(run.config(), config)
+    if differences:
+        raise ConfigError(f"{path / CONFIG}: this cell was started with another config ({'; '.join(differences)}); "
+                          "rerun with the same options, or use another --out, or delete the cell's directory")
+    return run
+
+
+def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
+    """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing)."""
+    keys = sorted(set(flat_keys(stored)) | set(flat_keys(wanted)))
+    pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
+    found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items() if old != new]
+    return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])
+
+
+def _get_or(config: Config, key: str) -> Any:
+    try:
+        return _get(config, key)
+    except (KeyError, TypeError):
+        return "<absent>"
+
+
+def _status(run: RunDirectory) -> str:
+    if (run.path / "metrics.json").exists():
+        return "done"
+    return "evaluating" if run.file(PRIVACY).exists() else "synthesising"
+
+
+def _finish(run: RunDirectory) -> bool:
+    """Run the cell's remaining phases in child processes; False if one fails."""
+    phases = [("synthesis", ["run", "--resume"]), ("evaluation", ["evaluate"])]
+    done = {"synthesis": run.file(PRIVACY).exists(), "evaluation": (run.path / "metrics.json").exists()}
+    for phase, command in phases:
+        if done[phase]:
+            continue
+        returncode = _child(run, phase, [sys.executable, "-m", "dpsynth", *command, str(run.path)])
+        if returncode != 0:
+            print(f"[bench] {run.path.name}: {phase} failed (exit status {returncode}); "
+                  f"see {run.path / OUTPUT}", flush=True)
+            return False
+    return True
+
+
+def _child(run: RunDirectory, phase: str, command: list[str]) -> int:
+    """Run ``command`` with the cell locked (the lock passes to the child), record its cost in bench.jsonl."""
+    with (run.path / ".bench.lock").open("w") as lock, (run.path / OUTPUT).open("a") as output:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DpsynthError(f"{run.path}: another process is running this cell; wait for it or stop it") from None
+        run.log("bench", phase=phase, command=command[3:])
+        output.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {phase}: {' '.join(command)}\n")
+        output.flush()
+        started = time.perf_counter()
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, pass_fds=(lock.fileno(),),
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        _append_attempt(run, {"phase": phase, "returncode": child.returncode,
+                              "wall_s": round(time.perf_counter() - started, 1),
+                              "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+                              "max_rss_bytes": usage.ru_maxrss * 1024})
+    return child.returncode
+
+
+def _append_attempt(run: RunDirectory, record: dict[str, Any]) -> None:
+    with (run.path / ATTEMPTS).open("a") as handle:
+        handle.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}) + "\n")
+
+
+ALL_METHODS = ["dpdm", "dp-feta", "feta-pro", "pe", "dp-sad", "dp-imgsyn"]  # the baseline first, then by paper
+
+
+def method_list(text: Iterable[str]) -> list[str]:
+    """``all`` expands to every registered method."""
+    names = list(text)
+    if names != ["all"]:
+        return names
+    return [m for m in ALL_METHODS if m in METHODS] + sorted(set(METHODS) - set(ALL_METHODS))

@@ -1,0 +1,225 @@
+"""The bench's results: one row per cell from its run directory, written as CSV, Markdown and plots."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..runs import LOG, PRIVACY, SYNTHETIC
+from ..utils.images import class_grid
+from ..utils.io import atomic_write, atomic_write_text
+
+if TYPE_CHECKING:
+    from . import Cell
+
+ATTEMPTS, OUTPUT, METRICS = "bench.jsonl", "bench.out", "metrics.json"
+GIB = 2**30
+
+
+def write_results(out: Path, cells: list[Cell], preset: str) -> list[dict[str, Any]]:
+    """Write results.csv, results.md and the plots for ``cells`` under ``out``; returns the rows."""
+    rows = [cell_row(out / "runs" / cell.name, cell) for cell in cells]
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out / "results.csv", buffer.getvalue())
+    atomic_write_text(out / "results.md", results_markdown(rows, preset))
+    _plots(out, rows, cells)
+    return rows
+
+
+def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
+    """What the cell's run directory says: status, privacy split, metrics, cost (None where not yet known)."""
+    privacy, metrics = _json(path / PRIVACY), _json(path / METRICS)
+    attempts = _jsonl(path / ATTEMPTS)
+    row: dict[str, Any] = {"dataset": cell.dataset, "method": cell.method, "target_epsilon": cell.epsilon,
+                           "status": _status(privacy, metrics, attempts)}
+    row["epsilon"] = privacy.get("epsilon") if privacy else None
+    row["delta"] = privacy.get("delta") if privacy else None
+    row["privacy_split"] = "; ".join(
+        f"{stage['name']} {stage['epsilon_share']:.3f}" if stage["epsilon_share"] is not None else
+        f"{stage['name']} none" for stage in privacy.get("stages", [])) if privacy else None
+    for key in ("fid", "fid_infinity", "precision", "recall"):
+        row[key] = metrics.get(key) if metrics else None
+    row["kid"] = metrics["kid"]["mean"] if metrics else None
+    for name, result in (metrics or {}).get("accuracy", {}).items():
+        row[f"accuracy_{name}"] = result["test_accuracy"]
+    row["selection_epsilon"] = metrics["evaluation_privacy"]["epsilon"] if metrics else None
+    for phase in ("synthesis", "evaluation"):
+        spent = [a for a in attempts if a["phase"] == phase]
+        row[f"{phase}_wall_min"] = round(sum(a["wall_s"] for a in spent) / 60, 2) if spent else None
+        row[f"{phase}_cpu_min"] = round(sum(a["cpu_s"] for a in spent) / 60, 2) if spent else None
+    row["peak_rss_gib"] = round(max(a["max_rss_bytes"] for a in attempts) / GIB, 2) if attempts else None
+    row["peak_cuda_gib"] = _cuda_peak(path / LOG)
+    row["run_dir"] = str(path)
+    return row
+
+
+def _status(privacy: dict | None, metrics: dict | None, attempts: list[dict]) -> str:
+    if metrics:
+        return "done"
+    if attempts and attempts[-1]["returncode"] != 0:
+        return f"failed ({attempts[-1]['phase']}, exit status {attempts[-1]['returncode']})"
+    return "released" if privacy else "pending"
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def _cuda_peak(log: Path) -> float | None:
+    peaks = [r["cuda_peak_bytes"] for r in _jsonl(log) if "cuda_peak_bytes" in r]
+    return round(max(peaks) / GIB, 2) if peaks else None
+
+
+def _cell(value: Any, digits: int = 3, percent: bool = False) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f} %" if percent else f"{value:.{digits}f}"
+
+
+def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
+    """One table per dataset, headed by the machine, preset, date and version that produced it."""
+    classifiers = list(dict.fromkeys(k.removeprefix("accuracy_") for row in rows for k in row
+                                     if k.startswith("accuracy_")))
+    lines = ["# dpsynth bench", "", f"- generated {time.strftime('%Y-%m-%d %H:%M %Z')} by dpsynth {__version__}"
+             f"{_commit()}, preset `{preset}`", f"- machine: {machine()}",
+             "- time: wall and CPU minutes of the child processes (summed over resumes); synthesis is training "
+             "plus sampling the release, evaluation is FID/KID/precision/recall and the downstream classifiers; "
+             "memory: peak resident set of any child (and peak CUDA memory allocated, on a GPU)",
+             "- epsilon: spent by the synthesis, from its ledger (privacy split: each stage's share); model "
+             "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
+    header = (["method", "target ε", "ε spent", "FID (FID∞)", "KID", "precision", "recall"]
+              + [f"acc. {name}" for name in classifiers]
+              + ["synthesis min (CPU)", "evaluation min (CPU)", "peak memory GiB", "privacy split", "status"])
+    for dataset in dict.fromkeys(row["dataset"] for row in rows):
+        lines += [f"## {dataset}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for row in (r for r in rows if r["dataset"] == dataset):
+            fid = f"{_cell(row['fid'], 1)} ({_cell(row['fid_infinity'], 1)})" if row["fid"] is not None else "–"
+            memory = _cell(row["peak_rss_gib"], 2) + (f" (CUDA {row['peak_cuda_gib']:.2f})"
+                                                      if row["peak_cuda_gib"] is not None else "")
+            cells = ([row["method"], f"{row['target_epsilon']:g}", _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
+                      _cell(row["precision"]), _cell(row["recall"])]
+                     + [_cell(row.get(f"accuracy_{name}"), percent=True) for name in classifiers]
+                     + [_minutes(row, "synthesis"), _minutes(row, "evaluation"), memory,
+                        row["privacy_split"] or "–", row["status"]])
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _minutes(row: dict[str, Any], phase: str) -> str:
+    wall, cpu = row[f"{phase}_wall_min"], row[f"{phase}_cpu_min"]
+    return "–" if wall is None else f"{wall:.1f} ({cpu:.1f})"
+
+
+def machine() -> str:
+    """CPU model and count, torch threads, GPU if any, OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
+            f"{gpu}, {platform.system()} {platform.release()}")
+
+
+def _commit() -> str:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f" (commit {found.stdout.strip()})" if found.returncode == 0 else ""
+
+
+def _plots(out: Path, rows: list[dict[str, Any]], cells: list[Cell]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    metrics = {"fid.png": ["fid"], "accuracy.png": [k for k in dict.fromkeys(k for r in rows for k in r)
+                                                    if k.startswith("accuracy_")]}
+    datasets = list(dict.fromkeys(row["dataset"] for row in rows))
+    for filename, keys in metrics.items():
+        if not keys:
+            continue
+        figure, axes = plt.subplots(len(keys), len(datasets), figsize=(6 * len(datasets), 3.2 * len(keys)),
+                                    squeeze=False)
+        for i, key in enumerate(keys):
+            for j, dataset in enumerate(datasets):
+                _bars(axes[i][j], [r for r in rows if r["dataset"] == dataset], key, f"{dataset}: {_label(key)}")
+        figure.tight_layout()
+        _save(figure, out / filename)
+        plt.close(figure)
+    for dataset in datasets:
+        for epsilon in dict.fromkeys(c.epsilon for c in cells):
+            grids = {c.method: out / "runs" / c.name / SYNTHETIC for c in cells
+                     if c.dataset == dataset and c.epsilon == epsilon}
+            _sample_grids(grids, f"{dataset}, target ε = {epsilon:g}", out / f"samples-{dataset}-eps{epsilon:g}.png")
+
+
+def _label(key: str) -> str:
+    if key.startswith("accuracy_"):
+        return f"test accuracy of a {key.removeprefix('accuracy_')} trained on the release"
+    return {"fid": "FID (lower is better)"}.get(key, key)
+
+
+def _bars(axis: Any, rows: list[dict[str, Any]], key: str, title: str) -> None:
+    """Grouped bars: one group per method, one bar per target epsilon (absent where not measured yet)."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    epsilons = list(dict.fromkeys(r["target_epsilon"] for r in rows))
+    width = 0.8 / len(epsilons)
+    for k, epsilon in enumerate(epsilons):
+        values = [next((r[key] for r in rows if r["method"] == m and r["target_epsilon"] == epsilon
+                        and r.get(key) is not None), np.nan) for m in methods]
+        axis.bar(np.arange(len(methods)) + (k - (len(epsilons) - 1) / 2) * width, values, width,
+                 label=f"ε = {epsilon:g}")
+    axis.set_xticks(np.arange(len(methods)), methods, rotation=20)
+    axis.set(title=title)
+    axis.legend()
+
+
+def _sample_grids(releases: dict[str, Path], title: str, path: Path) -> None:
+    """Each method's release as a class grid (rows = classes), side by side; skipped if none exists yet."""
+    grids = {}
+    for method, release in releases.items():
+        if release.exists():
+            with np.load(release) as data:
+                grids[method] = class_grid(data["images"], data["labels"], len(data["class_names"]), per_class=8)
+    if not grids:
+        return
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(1, len(grids), figsize=(3 * len(grids), 3.6), squeeze=False)
+    for axis, (method, grid) in zip(axes[0], grids.items(), strict=True):
+        axis.imshow(grid[..., 0] if grid.shape[2] == 1 else grid, cmap="gray", vmin=0, vmax=255)
+        axis.set_title(method)
+        axis.axis("off")
+    figure.suptitle(title)
+    figure.tight_layout()
+    _save(figure, path)
+    plt.close(figure)
+
+
+def _save(figure: Any, path: Path) -> None:
+    atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100))

@@ -1,0 +1,95 @@
+"""`dpsynth bench`: a grid of real tiny runs tabulated alike; resume without repeated work; failures and bad input."""
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsynth.cli import main
+
+COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
+          "--set", "evaluation.num_synthetic=30", "--set", "evaluation.num_real=30",
+          "--set", "evaluation.classifiers=[cnn]", "--set", "evaluation.classifier_epochs=2",
+          "--set", "evaluation.kid_subsets=5", "--set", "evaluation.kid_subset_size=10"]
+TINY = {"dpdm": ["model.block_channels=[8, 16]", "model.norm_groups=4", "dpsgd.batch_size=64", "dpsgd.epochs=1",
+                 "diffusion.sample_steps=4"],
+        "pe": ["pe.iterations=2", "pe.population=40"]}
+
+
+def bench(tmp_path: Path, methods: list[str], *extra: str) -> int:
+    """`dpsynth bench` of tiny ``methods`` on digits at epsilon 8; its exit status."""
+    tiny = [arg for m in methods for pair in TINY.get(m, []) for arg in ("--set", f"{m}:{pair}")]
+    return main(["bench", "--methods", *methods, "--out", str(tmp_path / "bench"), *COMMON, *tiny,
+                 "--set", f"evaluation.cache_dir={tmp_path / 'cache'}", *extra])
+
+
+def phases(cell: Path) -> list[str]:
+    return [json.loads(line)["phase"] for line in (cell / "bench.jsonl").read_text().splitlines()]
+
+
+def results(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert bench(tmp_path, ["dpdm", "pe"]) == 0
+    rows = results(out)
+    assert [(row["method"], row["status"]) for row in rows] == [("dpdm", "done"), ("pe", "done")]
+    for row, stage in zip(rows, ["dp-sgd", "histograms"], strict=True):
+        assert 7.9 < float(row["epsilon"]) <= 8.0 and stage in row["privacy_split"]
+        assert float(row["fid"]) > 0 and 0 <= float(row["accuracy_cnn"]) <= 1
+        assert float(row["synthesis_cpu_min"]) > 0 and float(row["evaluation_wall_min"]) > 0
+        assert float(row["peak_rss_gib"]) > 0.1 and row["selection_epsilon"]
+    table = (out / "results.md").read_text()
+    assert "## digits" in table and "| dpdm | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
+    for picture in ("fid.png", "accuracy.png", "samples-digits-eps8.png"):
+        assert (out / picture).stat().st_size > 1000
+
+    dpdm, pe = out / "runs" / "dpdm-digits-eps8", out / "runs" / "pe-digits-eps8"
+    (pe / "metrics.json").unlink()
+    assert bench(tmp_path, ["dpdm", "pe"]) == 0
+    assert phases(dpdm) == ["synthesis", "evaluation"]
+    assert phases(pe) == ["synthesis", "evaluation", "evaluation"]
+
+    capsys.readouterr()
+    assert bench(tmp_path, ["dpdm", "pe"], "--set", "dpdm:dpsgd.epochs=2") == 2
+    assert "dpdm-digits-eps8/config.yaml: this cell was started with another config (dpsgd.epochs: 1.0 there, " \
+           "2.0 now)" in capsys.readouterr().err
+
+    (pe / "metrics.json").unlink()
+    with (pe / ".bench.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert bench(tmp_path, ["dpdm", "pe"]) == 2
+    assert "pe-digits-eps8: another process is running this cell" in capsys.readouterr().err
+    assert phases(pe) == ["synthesis", "evaluation", "evaluation"]
+
+
+def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert bench(tmp_path, ["pe"], "--set", "pe:api.name=diffusion", "--set", f"pe:api.model={missing}") == 2
+    assert "1 cell(s) failed: pe-digits-eps8" in capsys.readouterr().err
+    (row,) = results(tmp_path / "bench")
+    assert row["status"] == "failed (synthesis, exit status 2)" and not row["fid"]
+    assert str(missing) in (tmp_path / "bench" / "runs" / "pe-digits-eps8" / "bench.out").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--set", "dp-sad:student.clip=1"], "'dp-sad' is not one of the bench's methods (dpdm, pe)"),
+    (["--set", "dpdm:sampling.num_samples=20"], "sampling.num_samples differs between cells"),
+    (["--set", "pe:model.attention=false"], "pe-digits-eps8: --set: unknown config key 'model.attention'"),
+])
+def test_bad_bench_input_stops_before_any_run(tmp_path, capsys, extra, message):
+    assert bench(tmp_path, ["dpdm", "pe"], *extra) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bench" / "runs").exists()
+
+
+def test_unknown_method_is_named(tmp_path, capsys):
+    assert bench(tmp_path, ["dpdm", "gan"]) == 2
+    assert "--methods: unknown gan; known:" in capsys.readouterr().err
