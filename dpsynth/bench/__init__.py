@@ -29,6 +29,7 @@ from typing import Any
 from ..api import dataset_from_config, plan_budget_for, resolve_config
 from ..config import Config, flat_keys
 from ..errors import ConfigError, DpsynthError
+from ..evaluation import METRICS
 from ..methods import METHODS
 from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, write_results
@@ -124,7 +125,7 @@ def _split_overrides(spec: BenchSpec) -> tuple[list[str], dict[str, list[str]]]:
     shared: list[str] = []
     scoped: dict[str, list[str]] = {}
     for item in spec.overrides:
-        method, colon, rest = item.partition("=")[0].partition(":")
+        method, colon, _ = item.partition("=")[0].partition(":")
         if not colon:
             shared.append(item)
         elif method not in spec.methods:
@@ -181,7 +182,7 @@ def _get_or(config: Config, key: str) -> Any:
 
 
 def _status(run: RunDirectory) -> str:
-    if (run.path / "metrics.json").exists():
+    if run.file(METRICS).exists():
         return "done"
     return "evaluating" if run.file(PRIVACY).exists() else "synthesising"
 
@@ -189,7 +190,7 @@ def _status(run: RunDirectory) -> str:
 def _finish(run: RunDirectory) -> bool:
     """Run the cell's remaining phases in child processes; False if one fails."""
     phases = [("synthesis", ["run", "--resume"]), ("evaluation", ["evaluate"])]
-    done = {"synthesis": run.file(PRIVACY).exists(), "evaluation": (run.path / "metrics.json").exists()}
+    done = {"synthesis": run.file(PRIVACY).exists(), "evaluation": run.file(METRICS).exists()}
     for phase, command in phases:
         if done[phase]:
             continue

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..evaluation import METRICS
 from ..runs import LOG, PRIVACY, SYNTHETIC
 from ..utils.images import class_grid
 from ..utils.io import atomic_write, atomic_write_text
@@ -22,7 +23,7 @@ from ..utils.io import atomic_write, atomic_write_text
 if TYPE_CHECKING:
     from . import Cell
 
-ATTEMPTS, OUTPUT, METRICS = "bench.jsonl", "bench.out", "metrics.json"
+ATTEMPTS, OUTPUT = "bench.jsonl", "bench.out"
 GIB = 2**30
 
 
