@@ -16,8 +16,7 @@ import torch
 
 from .. import __version__
 from ..evaluation import METRICS
-from ..runs import LOG, PRIVACY, SYNTHETIC
-from ..utils.images import class_grid
+from ..runs import LOG, PRIVACY, SAMPLES
 from ..utils.io import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -174,7 +173,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], cells: list[Cell]) -> None:
         plt.close(figure)
     for dataset in datasets:
         for epsilon in dict.fromkeys(c.epsilon for c in cells):
-            grids = {c.method: out / "runs" / c.name / SYNTHETIC for c in cells
+            grids = {c.method: out / "runs" / c.name / SAMPLES for c in cells
                      if c.dataset == dataset and c.epsilon == epsilon}
             _sample_grids(grids, f"{dataset}, target ε = {epsilon:g}", out / f"samples-{dataset}-eps{epsilon:g}.png")
 
@@ -200,20 +199,17 @@ def _bars(axis: Any, rows: list[dict[str, Any]], key: str, title: str) -> None:
     axis.legend()
 
 
-def _sample_grids(releases: dict[str, Path], title: str, path: Path) -> None:
-    """Each method's release as a class grid (rows = classes), side by side; skipped if none exists yet."""
-    grids = {}
-    for method, release in releases.items():
-        if release.exists():
-            with np.load(release) as data:
-                grids[method] = class_grid(data["images"], data["labels"], len(data["class_names"]), per_class=8)
-    if not grids:
-        return
+def _sample_grids(grids: dict[str, Path], title: str, path: Path) -> None:
+    """Each method's ``samples.png`` (its release's class grid) side by side; skipped if none exists yet."""
+    from matplotlib import image as mpimg
     from matplotlib import pyplot as plt
 
-    figure, axes = plt.subplots(1, len(grids), figsize=(3 * len(grids), 3.6), squeeze=False)
-    for axis, (method, grid) in zip(axes[0], grids.items(), strict=True):
-        axis.imshow(grid[..., 0] if grid.shape[2] == 1 else grid, cmap="gray", vmin=0, vmax=255)
+    found = {method: mpimg.imread(grid) for method, grid in grids.items() if grid.exists()}
+    if not found:
+        return
+    figure, axes = plt.subplots(1, len(found), figsize=(3 * len(found), 3.6), squeeze=False)
+    for axis, (method, grid) in zip(axes[0], found.items(), strict=True):
+        axis.imshow(grid, cmap="gray", vmin=0, vmax=1)
         axis.set_title(method)
         axis.axis("off")
     figure.suptitle(title)
