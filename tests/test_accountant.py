@@ -25,6 +25,7 @@ from dpsynth.privacy import (
     default_delta,
     plan_budget,
 )
+from dpsynth.privacy import accountant as accountant_module
 from dpsynth.privacy.accountant import scenarios
 
 
@@ -74,6 +75,30 @@ def test_calibration_round_trip(kind):
     sigma = accountant.calibrate([], event, 3.0, delta)
     assert 2.97 <= accountant.epsilon([event(sigma)], delta) <= 3.0
     assert accountant.epsilon([event(0.98 * sigma)], delta) > 3.0
+
+
+def _fine_pld_sigma(accountant, event, epsilon, delta, near):
+    """dp-accounting's own search on the accountant's grid (within 5 % of ``near``): the coarse search's reference."""
+    return dpa.calibrate_dp_mechanism(accountant.fresh, lambda s: event(s).to_dp_event(), epsilon, delta,
+                                      dpa.ExplicitBracketInterval(0.95 * near, 1.05 * near), tol=1e-4)
+
+
+def test_pld_calibration_searches_a_coarse_grid_and_meets_the_target_on_the_fine_one():
+    accountant, delta = Accountant("pld"), 1e-5
+    event = lambda sigma: SubsampledGaussianMechanism(sigma, 0.05, 100)  # noqa: E731
+    sigma = accountant.calibrate([], event, 3.0, delta)
+    fine = _fine_pld_sigma(accountant, event, 3.0, delta, sigma)
+    assert accountant.epsilon([event(sigma)], delta) <= 3.0
+    assert fine <= sigma <= 1.002 * fine
+
+
+def test_pld_calibration_falls_back_to_the_fine_grid_when_the_coarse_answer_misses(monkeypatch):
+    monkeypatch.setattr(accountant_module, "COARSE_GRID", 0.2)  # a finer grid: its sigma is slightly too small
+    accountant, delta = Accountant("pld", pld_discretization=1e-3), 1e-5
+    event = lambda sigma: SubsampledGaussianMechanism(sigma, 0.05, 40)  # noqa: E731
+    sigma = accountant.calibrate([], event, 2.0, delta)
+    assert accountant.epsilon([event(sigma)], delta) <= 2.0
+    assert sigma == pytest.approx(_fine_pld_sigma(accountant, event, 2.0, delta, sigma), rel=2e-4)
 
 
 def test_calibration_accounts_for_earlier_stages():

@@ -14,6 +14,7 @@ from ..errors import PrivacyError
 from .events import Event, ParallelComposition, SimpleEvent
 
 ACCOUNTANTS = ("pld", "rdp")
+COARSE_GRID = 10  # PLD calibration searches on a grid this many times coarser (see _calibrate_scenario)
 Scenario = tuple[SimpleEvent, ...]
 
 # dp-accounting's RDP logs a warning for every order whose series does not converge; those orders are
@@ -143,7 +144,10 @@ class Accountant:
         """Calibrate with RDP first (cheap at any sigma), then, for PLD, search just below RDP's answer.
 
         PLD needs less noise than RDP, and evaluating PLD at a tiny sigma over thousands of steps takes
-        gigabytes, so its search stays within [sigma_rdp / 2, 1.05 sigma_rdp].
+        gigabytes, so its search stays within [sigma_rdp / 2, 1.05 sigma_rdp]. The search runs on a grid
+        ``COARSE_GRID`` times coarser (5-8x faster; pessimistic PLDs only overstate epsilon, so its sigma
+        is at most ~0.1 % too large), and its answer is checked once on the accountant's own grid; the fine
+        search runs only if that check fails.
         """
         prior_events = [event.to_dp_event() for event in prior]
 
@@ -156,6 +160,10 @@ class Accountant:
         if self.kind == "rdp":
             return sigma_rdp
         bracket = dpa.ExplicitBracketInterval(0.5 * sigma_rdp, 1.05 * sigma_rdp)
+        coarse = Accountant(self.kind, self.pld_discretization * COARSE_GRID)
+        sigma = _calibrate(coarse.fresh, composed, target, delta, bracket, tol)
+        if self.fresh().compose(composed(sigma)).get_epsilon(delta) <= target:
+            return sigma
         return _calibrate(self.fresh, composed, target, delta, bracket, tol)
 
 
