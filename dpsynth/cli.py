@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -159,11 +160,19 @@ def _bench(args: argparse.Namespace) -> None:
 
     spec = BenchSpec(method_list(args.methods), args.datasets, args.epsilons, args.preset, args.set, args.data_dir,
                      args.device)
-    failed = run_bench(spec, args.out)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's stop ends it as Ctrl-C does
+    try:
+        failed = run_bench(spec, args.out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"results: {Path(args.out) / 'results.md'}")
     if failed:
         raise DpsynthError(f"{len(failed)} cell(s) failed: {', '.join(failed)}; their bench.out says why; "
                            "rerun the same command to retry them")
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +81,24 @@ def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
     (row,) = results(tmp_path / "bench")
     assert row["status"] == "failed (synthesis, exit status 2)" and not row["fid"]
     assert str(missing) in (tmp_path / "bench" / "runs" / "pe-digits-eps8" / "bench.out").read_text()
+
+
+def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path):
+    out = tmp_path / "bench"
+    tiny = [arg for pair in TINY["dpdm"] for arg in ("--set", pair.replace("dpsgd.epochs=1", "dpsgd.epochs=200"))]
+    command = [sys.executable, "-m", "dpsynth", "bench", "--methods", "dpdm", "--out", str(out), *COMMON, *tiny]
+    bench_process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    output = out / "runs" / "dpdm-digits-eps8" / "bench.out"
+    deadline = time.monotonic() + 120
+    while "dp-sgd:" not in (output.read_text() if output.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    bench_process.send_signal(signal.SIGTERM)  # to the bench alone: it must pass the stop on to its child
+    assert bench_process.wait(timeout=60) == 130
+    assert "a bench when rerun with the same options" in bench_process.stderr.read()
+    (attempt,) = [json.loads(line) for line in (output.parent / "bench.jsonl").read_text().splitlines()]
+    assert attempt["interrupted"] and attempt["returncode"] == 130 and attempt["cpu_s"] > 0
+    (row,) = results(out)
+    assert row["status"] == "interrupted (synthesis)" and float(row["synthesis_wall_min"]) > 0
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -11,13 +11,17 @@ Layout of the bench directory::
 
 Each cell runs in child processes (``dpsynth run --resume``, then ``dpsynth evaluate``), so its peak memory
 and CPU time are its own; a cell whose child fails is recorded and the bench goes on with the next one.
-Rerunning the same command continues where it stopped: finished phases are never repeated.
+Rerunning the same command continues where it stopped: finished phases are never repeated. An
+interrupted bench (Ctrl-C, SIGTERM) stops its child, records the child's cost and rewrites the results
+before it exits.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +39,8 @@ from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, write_results
 
 __all__ = ["Cell", "BenchSpec", "run_bench"]
+
+INTERRUPT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,18 @@ def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
     out = Path(out)
     configs = _configs(spec, out / "runs")
     _check_comparable(configs)
+    preset = ", ".join(sorted({c["preset"] for c in configs.values()}))
     failed = []
-    for cell, config in configs.items():
-        run = _open_cell(out / "runs" / cell.name, config)
-        print(f"[bench] {cell.name}: {_status(run)}", flush=True)
-        if not _finish(run):
-            failed.append(cell.name)
-        write_results(out, list(configs), ", ".join(sorted({c["preset"] for c in configs.values()})))
+    try:
+        for cell, config in configs.items():
+            run = _open_cell(out / "runs" / cell.name, config)
+            print(f"[bench] {cell.name}: {_status(run)}", flush=True)
+            if not _finish(run):
+                failed.append(cell.name)
+            write_results(out, list(configs), preset)
+    except KeyboardInterrupt:
+        write_results(out, list(configs), preset)
+        raise
     return failed
 
 
@@ -215,13 +226,37 @@ def _child(run: RunDirectory, phase: str, command: list[str]) -> int:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, pass_fds=(lock.fileno(),),
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        _append_attempt(run, {"phase": phase, "returncode": child.returncode,
+        try:
+            _, status, usage = os.wait4(child.pid, 0)
+            interrupted = False
+        except KeyboardInterrupt:
+            status, usage = _interrupt(child)
+            interrupted = True
+        returncode = os.waitstatus_to_exitcode(status)
+        _append_attempt(run, {"phase": phase, "returncode": returncode,
                               "wall_s": round(time.perf_counter() - started, 1),
                               "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-                              "max_rss_bytes": usage.ru_maxrss * 1024})
-    return child.returncode
+                              "max_rss_bytes": usage.ru_maxrss * 1024} | ({"interrupted": True} if interrupted else {}))
+    if interrupted:
+        raise KeyboardInterrupt
+    return returncode
+
+
+def _interrupt(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage]:
+    """Stop the child after the bench was interrupted, and reap it (its status and resource usage).
+
+    Ctrl-C in a terminal reaches the child too, so it gets ``INTERRUPT_GRACE_S`` to end on its own; a
+    signal sent to the bench alone is then passed on as SIGINT (a run stops cleanly on it).
+    """
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            return status, usage
+        time.sleep(0.1)
+    child.send_signal(signal.SIGINT)
+    _, status, usage = os.wait4(child.pid, 0)
+    return status, usage
 
 
 def _append_attempt(run: RunDirectory, record: dict[str, Any]) -> None:

@@ -70,6 +70,8 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
 def _status(privacy: dict | None, metrics: dict | None, attempts: list[dict]) -> str:
     if metrics:
         return "done"
+    if attempts and attempts[-1].get("interrupted"):
+        return f"interrupted ({attempts[-1]['phase']})"
     if attempts and attempts[-1]["returncode"] != 0:
         return f"failed ({attempts[-1]['phase']}, exit status {attempts[-1]['returncode']})"
     return "released" if privacy else "pending"
