@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Config, build_config, parse_overrides
+from .config import Config, build_config, choice_setting, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .errors import ConfigError
 from .methods import get_method
@@ -54,9 +54,7 @@ def validate_config(config: Config) -> None:
     check_epsilon(privacy["epsilon"])
     if privacy["delta"] is not None:
         check_delta(privacy["delta"])
-    if privacy["accountant"] not in ACCOUNTANTS:
-        raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, "
-                          f"got {privacy['accountant']!r}")
+    choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(config["dataset"]["name"])
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -157,6 +157,14 @@ def load_config(text: str, source: str) -> Config:
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections")
     return config
+
+
+def choice_setting(config: Config, section: str, key: str, choices: Sequence[str]) -> str:
+    """``config[section][key]``; ConfigError naming the key and the choices unless it is one of ``choices``."""
+    value = config[section][key]
+    if value not in choices:
+        raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def positive_setting(config: Config, section: str, key: str) -> float:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ...config import positive_setting
+from ...config import choice_setting, positive_setting
 from ...data import Dataset, DatasetInfo, load_dataset
 from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
@@ -70,9 +70,8 @@ class DPImgSyn(Method):
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         teacher = self.config["teacher"]
         alignment = self.config["alignment"]
-        if alignment["init"] not in INITS:
-            raise ConfigError(f"alignment.init must be one of {', '.join(INITS)}, got {alignment['init']!r}")
-        if alignment["init"] == "public" and alignment["public"] == info.name and \
+        public = choice_setting(self.config, "alignment", "init", INITS) == "public"
+        if public and alignment["public"] == info.name and \
                 alignment["public_data_dir"] == self.config["dataset"]["data_dir"]:
             raise ConfigError(f"alignment.public: {info.name!r} is the private dataset itself; choose a public "
                               "one (e.g. mnist-5k for a Fashion-MNIST private set) or alignment.init=noise")

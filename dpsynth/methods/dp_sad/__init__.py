@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from ...config import choice_setting
 from ...data import DatasetInfo
-from ...errors import ConfigError
 from ...privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
@@ -82,17 +82,11 @@ class DPSAD(DPDM):
         },
     }
 
-    def _setting(self, section: str, key: str, choices: tuple[str, ...]) -> str:
-        value = self.config[section][key]
-        if value not in choices:
-            raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Teacher and student DP-SGD share one calibrated sigma; a non-private teacher is recorded as such."""
         teacher, student = (DpsgdSchedule(self.config[s]["batch_size"], self.config[s]["epochs"], info.num_train)
                             for s in ("teacher", "student"))
-        if self._setting("teacher", "training", TRAINING) == "non-private":
+        if choice_setting(self.config, "teacher", "training", TRAINING) == "non-private":
             first = PlannedStage("teacher", event=NonPrivateAccess(teacher.steps))
         else:
             first = PlannedStage("teacher", calibrated=teacher.event)
@@ -101,7 +95,7 @@ class DPSAD(DPDM):
     def fit(self, context: RunContext) -> None:
         info, state = context.dataset.info, context.state
         phase = state["phase"] if state is not None else None
-        self._setting("student", "init", INITS)
+        choice_setting(self.config, "student", "init", INITS)
         self.info, teacher = info, self._build(info, context.device)
         if phase in (None, "teacher"):
             self._train_private(context, teacher, "teacher", self.config["teacher"],

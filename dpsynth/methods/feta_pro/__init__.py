@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...config import choice_setting
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...models.generator import ConditionalGenerator
@@ -74,10 +75,7 @@ class FETAPro(DPFETA):
     }
 
     def _order(self) -> str:
-        order = self.config["curriculum"]["order"]
-        if order not in ORDERS:
-            raise ConfigError(f"curriculum.order must be one of {', '.join(ORDERS)}, got {order!r}")
-        return order
+        return choice_setting(self.config, "curriculum", "order", list(ORDERS))
 
     def _noise(self, section: str) -> float:
         value = self.config[section]["noise_multiplier"]

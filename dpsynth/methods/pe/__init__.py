@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...config import positive_setting
+from ...config import choice_setting, positive_setting
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...evaluation.fidelity import Moments, fid
@@ -66,8 +66,7 @@ class PrivateEvolution(Method):
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         settings = self.config["pe"]
         self.degrees()
-        if self.config["api"]["name"] not in APIS:
-            raise ConfigError(f"api.name must be one of {', '.join(APIS)}, got {self.config['api']['name']!r}")
+        choice_setting(self.config, "api", "name", APIS)
         stages = []
         if settings["class_counts"] == "noisy":
             noise = positive_setting(self.config, "pe", "count_noise")
@@ -95,14 +94,12 @@ class PrivateEvolution(Method):
 
     def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
         settings = self.config["api"]
-        if settings["name"] == "drawtext":
+        if choice_setting(self.config, "api", "name", APIS) == "drawtext":
             return DrawTextAPI(info, settings["characters"], find_fonts(settings["font_dirs"]))
-        if settings["name"] == "diffusion":
-            if not settings["model"]:
-                raise ConfigError("api.model: the diffusion API needs a diffusers model directory "
-                                  "(--set api.model=DIR, e.g. one written by dpsynth pretrain)")
-            return DiffusionAPI(settings["model"], info, settings["steps"], settings["batch_size"], device)
-        raise ConfigError(f"api.name must be one of {', '.join(APIS)}, got {settings['name']!r}")
+        if not settings["model"]:
+            raise ConfigError("api.model: the diffusion API needs a diffusers model directory "
+                              "(--set api.model=DIR, e.g. one written by dpsynth pretrain)")
+        return DiffusionAPI(settings["model"], info, settings["steps"], settings["batch_size"], device)
 
     def fit(self, context: RunContext) -> None:
         info, settings, degrees = context.dataset.info, self.config["pe"], self.degrees()
