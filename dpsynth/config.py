@@ -78,6 +78,14 @@ def _check_type(key: str, old: Any, new: Any, source: str) -> Any:
     return new
 
 
+def get_value(config: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` (KeyError or TypeError where the path does not exist)."""
+    node: Any = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
 def set_value(config: Config, key: str, value: Any, source: str = "--set") -> None:
     """Set dotted ``key`` to ``value``; the key must exist and the type must match its default."""
     *parents, leaf = key.split(".")
@@ -94,10 +102,7 @@ def set_value(config: Config, key: str, value: Any, source: str = "--set") -> No
 def merge(config: Config, update: Mapping[str, Any], source: str) -> None:
     """Apply a nested ``update`` (a preset) whose keys must all exist in ``config``."""
     for key in flat_keys(update):
-        value: Any = update
-        for part in key.split("."):
-            value = value[part]
-        set_value(config, key, value, source)
+        set_value(config, key, get_value(update, key), source)
 
 
 def parse_overrides(items: Iterable[str]) -> list[tuple[str, Any]]:

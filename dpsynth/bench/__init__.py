@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import dataset_from_config, plan_budget_for, resolve_config
-from ..config import Config, flat_keys
+from ..config import Config, flat_keys, get_value
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS
@@ -151,18 +151,11 @@ def _check_comparable(configs: dict[Cell, Config]) -> None:
     """Every cell releases as many images and is evaluated with the same settings."""
     for key in ("sampling.num_samples", *(f"evaluation.{k}" for k in next(iter(configs.values()))["evaluation"]
                                           if k != "enabled")):
-        values = {cell.name: _get(config, key) for cell, config in configs.items()}
+        values = {cell.name: get_value(config, key) for cell, config in configs.items()}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"{name}: {value!r}" for name, value in values.items())
             raise ConfigError(f"{key} differs between cells ({shown}); a bench compares methods on equal terms: "
                               f"set it once for all (--set {key}=...)")
-
-
-def _get(config: Config, key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        node = node[part]
-    return node
 
 
 def _open_cell(path: Path, config: Config) -> RunDirectory:
@@ -187,7 +180,7 @@ def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
 
 def _get_or(config: Config, key: str) -> Any:
     try:
-        return _get(config, key)
+        return get_value(config, key)
     except (KeyError, TypeError):
         return "<absent>"
 
