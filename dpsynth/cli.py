@@ -160,11 +160,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     spec = BenchSpec(method_list(args.methods), args.datasets, args.epsilons, args.preset, args.set, args.data_dir,
                      args.device)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's stop ends it as Ctrl-C does
-    try:
-        failed = run_bench(spec, args.out)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    failed = run_bench(spec, args.out)
     print(f"results: {Path(args.out) / 'results.md'}")
     if failed:
         raise DpsynthError(f"{len(failed)} cell(s) failed: {', '.join(failed)}; their bench.out says why; "
@@ -264,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], None] = args.handler
     warnings.showwarning = _show_warning
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's stop ends it as Ctrl-C does
     try:
         handler(args)
     except DpsynthError as exc:
@@ -273,4 +270,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("dpsynth: interrupted; a run continues from its last checkpoint with "
               "`dpsynth run --resume RUN_DIR`, a bench when rerun with the same options", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

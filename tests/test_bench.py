@@ -1,9 +1,11 @@
 """`dpsynth bench`: a grid of real tiny runs tabulated alike; resume without repeated work; failures and bad input."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -87,13 +89,20 @@ def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path)
     out = tmp_path / "bench"
     tiny = [arg for pair in TINY["dpdm"] for arg in ("--set", pair.replace("dpsgd.epochs=1", "dpsgd.epochs=200"))]
     command = [sys.executable, "-m", "dpsynth", "bench", "--methods", "dpdm", "--out", str(out), *COMMON, *tiny]
-    bench_process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    output = out / "runs" / "dpdm-digits-eps8" / "bench.out"
-    deadline = time.monotonic() + 120
-    while "dp-sgd:" not in (output.read_text() if output.exists() else "") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    bench_process.send_signal(signal.SIGTERM)  # to the bench alone: it must pass the stop on to its child
-    assert bench_process.wait(timeout=60) == 130
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731  as in a background job
+    bench_process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                     preexec_fn=ignore_sigint)
+    try:
+        output = out / "runs" / "dpdm-digits-eps8" / "bench.out"
+        deadline = time.monotonic() + 300
+        while "dp-sgd:" not in (output.read_text() if output.exists() else ""):
+            assert time.monotonic() < deadline, "the bench's child never reached DP-SGD"
+            time.sleep(0.5)
+        bench_process.send_signal(signal.SIGTERM)  # to the bench alone: it must pass the stop on to its child
+        assert bench_process.wait(timeout=120) == 130
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench_process.pid, signal.SIGKILL)  # nothing left running, whatever happened
     assert "a bench when rerun with the same options" in bench_process.stderr.read()
     (attempt,) = [json.loads(line) for line in (output.parent / "bench.jsonl").read_text().splitlines()]
     assert attempt["interrupted"] and attempt["returncode"] == 130 and attempt["cpu_s"] > 0

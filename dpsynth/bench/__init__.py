@@ -239,7 +239,8 @@ def _interrupt(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rus
     """Stop the child after the bench was interrupted, and reap it (its status and resource usage).
 
     Ctrl-C in a terminal reaches the child too, so it gets ``INTERRUPT_GRACE_S`` to end on its own; a
-    signal sent to the bench alone is then passed on as SIGINT (a run stops cleanly on it).
+    signal sent to the bench alone is then passed on as SIGTERM, on which every dpsynth command stops as on
+    Ctrl-C (SIGINT itself may be ignored: a job started in the background inherits SIGINT ignored).
     """
     deadline = time.monotonic() + INTERRUPT_GRACE_S
     while time.monotonic() < deadline:
@@ -247,7 +248,7 @@ def _interrupt(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rus
         if pid:
             return status, usage
         time.sleep(0.1)
-    child.send_signal(signal.SIGINT)
+    child.send_signal(signal.SIGTERM)
     _, status, usage = os.wait4(child.pid, 0)
     return status, usage
 
