@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Config, build_config, choice_setting, parse_overrides
+from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .errors import ConfigError
+from .errors import ConfigError, DpsynthError
 from .methods import get_method
 from .privacy import (
     ACCOUNTANTS,
@@ -56,6 +56,22 @@ def validate_config(config: Config) -> None:
         check_delta(privacy["delta"])
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(config["dataset"]["name"])
+
+
+def check_stored_config(config: Config, source: str) -> None:
+    """ConfigError naming ``source`` unless ``config`` (a run's config.yaml) names a known method and preset and
+    holds every key of their defaults with usable values (``evaluation.*`` excepted: runs made before an
+    evaluation key existed are evaluated with its default)."""
+    try:
+        defaults = resolve_config(str(config.get("method")), preset=config.get("preset"))
+        stored = set(flat_keys(config))
+        missing = [key for key in flat_keys(defaults) if key not in stored and not key.startswith("evaluation.")]
+        if missing:
+            raise ConfigError(f"missing {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}: "
+                              "not a config dpsynth wrote for this method")
+        validate_config(config)
+    except DpsynthError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def dataset_from_config(config: Config) -> Dataset:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 import warnings
@@ -10,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .api import dataset_from_config, plan_privacy, resolve_config
+from .api import dataset_from_config, plan_budget_for, plan_privacy, resolve_config
 from .config import build_config, parse_overrides
 from .data import DATASETS, Dataset
 from .diffusion.pretrain import PretrainSettings as PretrainDefaults
@@ -89,13 +91,48 @@ def _privacy(args: argparse.Namespace) -> None:
         print(_format_plan(plan, config))
 
 
+def _without_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` less its ``--nproc N`` / ``--nproc=N``."""
+    kept, skip = [], False
+    for arg in argv:
+        if not skip and not arg.startswith("--nproc"):
+            kept.append(arg)
+        skip = arg == "--nproc"
+    return kept
+
+
+def _run_processes(args: argparse.Namespace) -> None:
+    """``dpsynth run --nproc N``: the same command in N processes on this machine, through torchrun's launcher.
+
+    A failing rank prints its own one-line error; this ends with one line naming the failed ranks."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as torchrun
+
+    if "WORLD_SIZE" in os.environ:
+        raise DpsynthError("--nproc starts its own processes; under torchrun leave it out")
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report is a traceback
+    launch = ["--standalone", f"--nproc_per_node={args.nproc}", "-m", "dpsynth", *_without_nproc(args.argv)]
+    try:
+        torchrun(get_args_parser().parse_args(launch))
+    except ChildFailedError as exc:
+        failed = ", ".join(f"{rank} (exit status {failure.exitcode})" for rank, failure in sorted(exc.failures.items()))
+        raise DpsynthError(f"rank(s) {failed} of the {args.nproc} processes failed; their messages are above") from None
+
+
 def _run(args: argparse.Namespace) -> None:
     from .evaluation import METRICS
-    from .pipeline import resume, start
+    from .pipeline import resumable, resume, start
 
+    if args.nproc < 1:
+        raise DpsynthError(f"--nproc must be at least 1, got {args.nproc}")
     if args.resume:
         if args.method:
             raise DpsynthError("--resume takes its method and config from the run directory; give no METHOD")
+        if args.nproc > 1:
+            resumable(args.resume)
+            _run_processes(args)
+            return
         run = resume(args.resume)
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
@@ -106,8 +143,12 @@ def _run(args: argparse.Namespace) -> None:
         overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
+        if args.nproc > 1:
+            plan_budget_for(config, dataset_from_config(config).info)  # bad input stops here, before any process
+            _run_processes(args)
+            return
         run = start(config)
-    if run.file(METRICS).exists():
+    if os.environ.get("RANK", "0") == "0" and run.file(METRICS).exists():  # rank 0 writes the metrics
         print(_format_metrics(json.loads(run.file(METRICS).read_text())))
 
 
@@ -223,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
     run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
     run.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
+    run.add_argument("--nproc", type=int, default=1, metavar="N",
+                     help="run in N processes on this machine (one per GPU; gloo on the CPU) through torchrun")
     run.add_argument("--allow-non-private", action="store_true",
                      help="run a configuration that uses the private data without noise (e.g. DP-SAD's "
                           "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
@@ -258,6 +301,7 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], None] = args.handler
     warnings.showwarning = _show_warning
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's stop ends it as Ctrl-C does

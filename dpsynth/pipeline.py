@@ -8,15 +8,16 @@ from typing import Any
 
 import torch
 
-from .api import BudgetPlan, dataset_from_config, plan_budget_for, resolve_delta
+from .api import BudgetPlan, check_stored_config, dataset_from_config, plan_budget_for, resolve_delta
 from .config import BASE_CONFIG, Config, build_config, set_value
 from .data import Dataset
+from .distributed import World
 from .errors import ConfigError, DpsynthError, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release
 from .methods import get_method
 from .methods.base import Method, RunContext
 from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report, non_private_stages
-from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
+from .runs import CONFIG, LOG, PRIVACY, SYNTHETIC, RunDirectory
 
 
 def pick_device(name: str) -> torch.device:
@@ -34,38 +35,80 @@ def pick_device(name: str) -> torch.device:
 
 def start(config: Config) -> RunDirectory:
     """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
-    for ``config`` and execute it."""
+    for ``config`` and execute it (on every process torchrun started; rank 0 creates the directory)."""
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
-    run = RunDirectory.create(config)
-    print(f"run directory: {run.path}")
-    return execute(run, dataset, budget)
+    world = World.from_environment(pick_device(config["run"]["device"]))
+    path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
+    if world.is_main:
+        print(f"run directory: {path}")
+    return execute(RunDirectory(path), dataset, budget, world)
+
+
+def resumable(path: str) -> RunDirectory:
+    """The run directory ``path``; DpsynthError if it is none, its config is damaged or it has released already."""
+    run = RunDirectory.open(path)
+    check_stored_config(run.config(), str(run.file(CONFIG)))
+    if run.file(PRIVACY).exists():
+        raise DpsynthError(f"{run.path}: this run already released its synthetic set; nothing to resume "
+                           f"(dpsynth evaluate {run.path} evaluates it)")
+    return run
 
 
 def resume(path: str) -> RunDirectory:
     """Continue the run in ``path`` from its last checkpoint (ledger and RNG included)."""
-    run = RunDirectory.open(path)
-    if run.file(PRIVACY).exists():
-        raise DpsynthError(f"{run.path}: this run already released its synthetic set; nothing to resume "
-                           f"(dpsynth evaluate {run.path} evaluates it)")
-    return execute(run)
+    run = resumable(path)
+    return execute(run, world=World.from_environment(pick_device(run.config()["run"]["device"])))
 
 
-def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None) -> RunDirectory:
+def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
+            world: World | None = None) -> RunDirectory:
     """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
-    privacy.json."""
-    config = run.config()
+    privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases."""
+    world = world or World()
+    try:
+        method, context, budget = _fit(run, dataset, budget, world)
+    finally:
+        world.close()
+    if world.is_main:
+        _release(run, method, context, budget)
+    return run
+
+
+def _restored(run: RunDirectory, world: World) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+    """Rank 0's restored checkpoint state and ledger on every rank (the others' ledger is in memory only)."""
+    if world.is_main:
+        state, ledger = run.restore()
+        world.broadcast_object((state, ledger.to_dict()))
+        return state, ledger
+    received: tuple[dict[str, Any] | None, dict[str, Any]] = world.broadcast_object(None)
+    return received[0], PrivacyLedger.from_dict(received[1])
+
+
+def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World
+         ) -> tuple[Method, RunContext, BudgetPlan]:
+    """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit."""
+    config = world.broadcast_object(run.config() if world.is_main else None)
     dataset = dataset or dataset_from_config(config)
     method = get_method(config["method"])(config)
     budget = budget or plan_budget_for(config, dataset.info)
-    accountant, delta, target, plan = budget.accountant, budget.delta, budget.target, budget.stages
-    state, ledger = run.restore()
-    run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"])
+    accountant, delta, plan = budget.accountant, budget.delta, budget.stages
+    state, ledger = _restored(run, world)
+    if world.is_main:
+        run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
+                processes=world.size)
     torch.manual_seed(config["run"]["seed"])  # model initialisation
     generator = torch.Generator().manual_seed(config["run"]["seed"])
-    context = RunContext(dataset, run, plan, ledger, accountant, delta, pick_device(config["run"]["device"]),
-                         generator, state)
+    device = world.device(pick_device(config["run"]["device"]))
+    context = RunContext(dataset, run, plan, ledger, accountant, delta, device, generator, state, world)
     method.fit(context)
+    return method, context, budget
+
+
+def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan) -> None:
+    """Check the ledger against the target, generate, write the release and its privacy report; evaluate."""
+    config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
+    accountant, target = budget.accountant, budget.target
     report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method)
     images, labels, soft = method.generate(config["sampling"]["num_samples"], torch.Generator().manual_seed(
         config["run"]["seed"] + 1))
@@ -77,7 +120,6 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     print(f"released {len(labels)} images {guarantee}: {run.path}")
     if config["evaluation"]["enabled"]:
         evaluate_run(run, dataset=dataset, device=context.device)
-    return run
 
 
 def _cuda_peak(device: torch.device) -> dict[str, int]:

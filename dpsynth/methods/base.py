@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from ..config import Config
-from ..data import Dataset, DatasetInfo
+from ..data import Dataset, DatasetInfo, ImageSet
+from ..distributed import World
 from ..errors import ConfigError
 from ..privacy import Accountant, Event, PlannedStage, PrivacyLedger
 from ..runs import RunDirectory
 from ..utils.progress import PrivacyProgress
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -22,6 +26,11 @@ class RunContext:
     ``plan`` maps each stage to its events with the calibrated noise filled in. ``state`` is the last
     checkpoint's state on resume (None on a fresh run); ``checkpoint(state)`` saves one together with
     the ledger that covers it.
+
+    ``generator`` is shared: on several processes (``world``) every rank makes the same draws from it
+    (samples, noise). ``example_generator`` draws per-example randomness (diffusion times and noise) for
+    the examples this rank processes: the shared generator itself on one process, a per-rank one
+    otherwise. Only rank 0 writes checkpoints, logs and metrics.
     """
 
     dataset: Dataset
@@ -33,19 +42,51 @@ class RunContext:
     device: torch.device
     generator: torch.Generator
     state: dict[str, Any] | None = None
+    world: World = field(default_factory=World)
+    example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.example_generator is None:
+            self.example_generator = self.generator if self.world.size == 1 else torch.Generator()
 
     def checkpoint(self, state: dict[str, Any]) -> None:
-        self.run.save_checkpoint(state, self.ledger)
+        if self.world.is_main:
+            self.run.save_checkpoint(state, self.ledger)
 
     def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
-        return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial)
+        return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial,
+                               enabled=self.world.is_main)
 
     def log(self, event: str, **fields: Any) -> None:
-        self.run.log(event, **fields)
+        if self.world.is_main:
+            self.run.log(event, **fields)
 
     def report_metric(self, name: str, value: Any) -> None:
         """A measurement of the method itself, shown with the evaluation's metrics."""
-        self.run.report_method_metric(name, value)
+        if self.world.is_main:
+            self.run.report_method_metric(name, value)
+
+    def on_main(self, compute: Callable[[], T]) -> T:
+        """``compute()`` on rank 0 alone; its result, the ledger and the shared generator's state follow on
+        every rank. For stages that run once (a warm-up's mechanisms, sampling a teacher); ``compute`` must
+        not call collectives."""
+        if self.world.size == 1:
+            return compute()
+        sent = (compute(), self.ledger.to_dict(), self.generator.get_state()) if self.world.is_main else None
+        received = self.world.broadcast_object(sent)
+        assert received is not None
+        result, ledger, rng = received
+        if not self.world.is_main:
+            self.ledger.mirror(PrivacyLedger.from_dict(ledger))
+            self.generator.set_state(rng)
+        return result  # type: ignore[return-value]
+
+    def private_shard(self) -> ImageSet:
+        """The training examples this rank reads in full passes: those whose index is its rank modulo the size."""
+        train = self.dataset.train
+        if self.world.size == 1:
+            return train
+        return train.subset(torch.arange(self.world.rank, len(train), self.world.size))
 
 
 Release = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]

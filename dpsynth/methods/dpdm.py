@@ -12,7 +12,7 @@ from ..models import build_unet
 from ..privacy import DpsgdSchedule, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from .base import Method, Release, RunContext, register
-from .training import MakeBatch, PrivateTraining
+from .training import MakeBatch, PrivateTraining, dpsgd_schedule
 
 
 @register
@@ -60,8 +60,7 @@ class DPDM(Method):
         self.info: DatasetInfo | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        settings = self.config["dpsgd"]
-        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], info.num_train)
+        schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
         return [PlannedStage("dp-sgd", calibrated=schedule.event)]
 
     def _build(self, info: DatasetInfo, device: torch.device) -> torch.nn.Module:
@@ -77,8 +76,9 @@ class DPDM(Method):
         info = context.dataset.info
         self.info, model = info, self._build(info, context.device)
         state = context.state if context.state is not None and context.state.get("phase") == "dp-sgd" else None
-        if state is None:
-            self.pretrain(context, model)
+        if state is None:  # the warm-up runs once, on rank 0; DP-SGD starts from its model on every rank
+            context.on_main(lambda: self.pretrain(context, model))
+            context.world.broadcast_module(model)
         self.model, self.ema = model, self._train_private(context, model, "dp-sgd", self.config["dpsgd"],
                                                           self._batch_maker(context), state)
 
@@ -102,9 +102,11 @@ class DPDM(Method):
     def _batch_maker(self, context: RunContext, data: ImageSet | None = None, section: str = "dpsgd") -> MakeBatch:
         """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise.
 
-        ``section`` holds the noise multiplicity K (draws of t per example)."""
+        ``section`` holds the noise multiplicity K (draws of t per example). Batches of the private split
+        draw their randomness from the rank's example generator, batches of other data from the shared one."""
         train = data if data is not None else context.dataset.train
-        device, generator = context.device, context.generator
+        device = context.device
+        generator = context.generator if data is not None else context.example_generator
         shape, k = context.dataset.info.shape, self.config[section]["noise_multiplicity"]
         null, dropout = context.dataset.info.num_classes, self.config["diffusion"]["label_dropout"]
 

@@ -8,10 +8,23 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import Config, positive_setting
+from ..errors import ConfigError, PrivacyError
+from ..privacy import DpsgdSchedule
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
 from .base import RunContext
 
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+
+
+def dpsgd_schedule(config: Config, section: str, num_train: int) -> DpsgdSchedule:
+    """The DP-SGD schedule of config section ``section`` (batch_size, epochs); ConfigError naming the key for a
+    bad one or a clipping norm that is not positive."""
+    positive_setting(config, section, "clip")
+    try:
+        return DpsgdSchedule(config[section]["batch_size"], config[section]["epochs"], num_train)
+    except PrivacyError as exc:
+        raise ConfigError(f"{section}.{exc}") from None
 
 
 @dataclass
@@ -44,7 +57,7 @@ class PrivateTraining:
             context.generator.set_state(state["rng"])
             step = state["step"]
         engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
-                       context.ledger, self.stage, context.generator)
+                       context.ledger, self.stage, context.generator, context.world, context.example_generator)
         progress = context.progress(self.steps, self.stage, initial=step)
         while step < self.steps:
             stats = engine.step(make_batch)

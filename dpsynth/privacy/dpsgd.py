@@ -4,6 +4,12 @@ Each step Poisson-samples the private set at rate q, computes per-example gradie
 ``vmap(grad(loss))`` in physical chunks, clips each example's whole gradient to L2 norm C, sums, adds
 N(0, (sigma C)^2) once, divides by the *expected* batch size q N and hands the result to the optimiser.
 The step is recorded in the ledger before the noisy gradient is used.
+
+On several processes (:class:`~dpsynth.distributed.World`) every rank draws the same Poisson sample from
+the shared generator and processes the sampled examples whose index is its rank modulo the world size;
+the clipped sums are all-reduced, then every rank adds the same noise draw of the shared generator to
+its copy of the global sum. Each example is sampled with probability q and its clipped gradient enters
+the sum once, and the sum gets N(0, (sigma C)^2) once: the single-process mechanism, step for step.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from ..distributed import World
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 from .mechanisms import gaussian_noise, poisson_sample
@@ -90,14 +97,19 @@ class DPSGD:
     """Private gradient steps for ``model`` on a private dataset, recorded in ``ledger`` as ``stage``.
 
     ``make_batch(indices)`` returns the per-example tensors (data and any per-example randomness, e.g.
-    diffusion times and noise) for the sampled indices; ``loss`` maps one example to a scalar.
+    diffusion times and noise, drawn from ``example_generator``) for the sampled indices; ``loss`` maps
+    one example to a scalar. ``generator`` draws the samples and the noise; on several processes it must
+    be in the same state on every rank, and ``example_generator`` is reseeded from it every step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss,
                  settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, world: World | None = None,
+                 example_generator: torch.Generator | None = None) -> None:
         self.model, self.optimizer, self.loss, self.settings = model, optimizer, loss, settings
         self.num_records, self.ledger, self.stage, self.generator = num_records, ledger, stage, generator
+        self.world = world or World()
+        self.example_generator = example_generator or generator
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
 
     def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
@@ -105,18 +117,20 @@ class DPSGD:
         s = self.settings
         clip = s.clip if s.noise_multiplier is not None else math.inf
         indices = poisson_sample(self.num_records, s.sample_rate, self.generator)
+        self.world.seed_examples(self.example_generator, self.generator)
         detached = {n: p.detach() for n, p in self.params.items()}
         buffers = {n: b.detach() for n, b in self.model.named_buffers()}
         total = {n: torch.zeros_like(p) for n, p in detached.items()}
-        norm_sum = 0.0
-        device_type = next(iter(detached.values())).device.type
-        for chunk in indices.split(s.physical_batch_size):
+        norm_sum = torch.zeros((), dtype=torch.float64, device=next(iter(detached.values())).device)
+        device_type = norm_sum.device.type
+        for chunk in self.world.own(indices).split(s.physical_batch_size):
             with torch.autocast(device_type, dtype=torch.bfloat16, enabled=s.bf16):
                 grads = per_example_gradients(self.model, self.loss, detached, buffers, make_batch(chunk))
             summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, clip)
             for name in total:
                 total[name] += summed[name]
-            norm_sum += float(norms.sum())
+            norm_sum += norms.double().sum()
+        self.world.all_reduce_sum([*total.values(), norm_sum])
         if s.noise_multiplier is None:
             self.ledger.record(self.stage, NonPrivateAccess())
         else:
@@ -128,7 +142,7 @@ class DPSGD:
             param.grad = total[name] / expected
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"batch": float(len(indices)), "grad_norm": norm_sum / max(1, len(indices))}
+        return {"batch": float(len(indices)), "grad_norm": float(norm_sum) / max(1, len(indices))}
 
 
 class EMA:

@@ -50,6 +50,11 @@ class PrivacyLedger:
         self._entries.append(entry)
         self.save()
 
+    def mirror(self, other: PrivacyLedger) -> None:
+        """Take ``other``'s entries: a rank > 0 following rank 0's ledger after a stage only rank 0 ran."""
+        self._entries = list(other._entries)
+        self.save()
+
     def __iter__(self) -> Iterator[LedgerEntry]:
         return iter(self._entries)
 

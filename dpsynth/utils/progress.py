@@ -13,20 +13,21 @@ class PrivacyProgress:
     """tqdm over ``total`` steps whose postfix is the epsilon of the ledger so far.
 
     Accounting a ledger with PLD takes about two seconds, so epsilon is recomputed at most every
-    ``refresh_seconds`` and once more on close.
+    ``refresh_seconds`` and once more on close. A disabled bar (ranks other than 0) shows and accounts nothing.
     """
 
     def __init__(self, total: int, ledger: PrivacyLedger, accountant: Accountant, delta: float, desc: str,
-                 initial: int = 0, refresh_seconds: float = 60.0) -> None:
+                 initial: int = 0, refresh_seconds: float = 60.0, enabled: bool = True) -> None:
         self.ledger, self.accountant, self.delta = ledger, accountant, delta
         self.refresh_seconds = refresh_seconds
-        self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+        self.enabled = enabled
+        self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not enabled)
         self._last = -float("inf")
         self.epsilon = 0.0
 
     def update(self, metrics: dict[str, float] | None = None, n: int = 1) -> None:
         """Advance by ``n`` steps, showing ``metrics`` and (refreshed when due) epsilon."""
-        if time.monotonic() - self._last >= self.refresh_seconds:
+        if self.enabled and time.monotonic() - self._last >= self.refresh_seconds:
             self._refresh_epsilon()
         shown = {k: f"{v:.4g}" for k, v in (metrics or {}).items()}
         self.bar.set_postfix({"eps": self._shown_epsilon(), **shown}, refresh=False)
@@ -41,8 +42,9 @@ class PrivacyProgress:
         self._last = time.monotonic()
 
     def close(self) -> float:
-        """Close the bar and return the final epsilon."""
-        self._refresh_epsilon()
+        """Close the bar and return the final epsilon (0 when disabled)."""
+        if self.enabled:
+            self._refresh_epsilon()
         self.bar.set_postfix({"eps": self._shown_epsilon()})
         self.bar.close()
         return self.epsilon

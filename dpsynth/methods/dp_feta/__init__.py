@@ -16,10 +16,11 @@ from kornia.augmentation.auto.rand_augment.rand_augment import default_policy
 from tqdm.auto import tqdm
 
 from ...data import DatasetInfo, ImageSet
-from ...privacy import DpsgdSchedule, PlannedStage
+from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dpdm import DPDM
+from ..training import dpsgd_schedule
 from .central import CentralQuery, central_images
 
 CENTRAL_IMAGES = "central_images.png"
@@ -85,8 +86,7 @@ class DPFETA(DPDM):
         return []
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        settings = self.config["dpsgd"]
-        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], info.num_train)
+        schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
         central = [PlannedStage("central-images", self._query(info).event(info.num_classes))]
         return ((central if self._uses_central() else []) + self._feature_stages(info)
                 + [PlannedStage("dp-sgd", calibrated=schedule.event)])

@@ -24,11 +24,11 @@ from ...data import Dataset, DatasetInfo, load_dataset
 from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
-from ...privacy import DpsgdSchedule, GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
+from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
 from ...privacy.dpsgd import DpsgdSettings
 from ...utils.images import class_grid, convert_images, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
-from ..training import PrivateTraining
+from ..training import PrivateTraining, dpsgd_schedule
 from .alignment import AlignmentSettings, align_batch, uniform_targets
 from .statistics import BatchStatistics, largest_moment_norm, private_statistics
 
@@ -68,14 +68,13 @@ class DPImgSyn(Method):
         self.release: Release | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        teacher = self.config["teacher"]
         alignment = self.config["alignment"]
         public = choice_setting(self.config, "alignment", "init", INITS) == "public"
         if public and alignment["public"] == info.name and \
                 alignment["public_data_dir"] == self.config["dataset"]["data_dir"]:
             raise ConfigError(f"alignment.public: {info.name!r} is the private dataset itself; choose a public "
                               "one (e.g. mnist-5k for a Fashion-MNIST private set) or alignment.init=noise")
-        schedule = DpsgdSchedule(teacher["batch_size"], teacher["epochs"], info.num_train)
+        schedule = dpsgd_schedule(self.config, "teacher", info.num_train)
         return [PlannedStage("teacher", calibrated=schedule.event),
                 PlannedStage("statistics", GaussianMechanism(positive_setting(self.config, "statistics",
                                                                                "noise_multiplier")))]
@@ -90,25 +89,32 @@ class DPImgSyn(Method):
         state = context.state
         if state is None or state["phase"] == "teacher":
             self._train_teacher(context, teacher)
-            accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
-                                     device) / len(context.dataset.test)
-            clip = self._statistics_clip(teacher, public, info.shape, device)
-            (event,) = context.plan["statistics"]
-            assert isinstance(event, GaussianMechanism)
-            statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
-                                            event.noise_multiplier,
-                                            self.config["statistics"]["batch_size"], device, context.ledger,
-                                            "statistics", context.generator)
-            state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
-                     "clip": clip, "teacher_accuracy": accuracy, "rng": context.generator.get_state()}
-            context.checkpoint(state)
-            context.log("statistics", clip=clip, teacher_test_accuracy=accuracy)
+            state = context.on_main(lambda: self._released_statistics(context, teacher, public))
         else:
             teacher.load_state_dict(state["teacher"])
             context.generator.set_state(state["rng"])
         context.report_metric("teacher_test_accuracy", state["teacher_accuracy"])
         statistics = BatchStatistics(**state["statistics"])
-        self.release = self._aligned_release(context, teacher, statistics, state["clip"], public)
+        self.release = context.on_main(
+            lambda: self._aligned_release(context, teacher, statistics, state["clip"], public))
+
+    def _released_statistics(self, context: RunContext, teacher: torch.nn.Module,
+                             public: torch.Tensor | None) -> dict[str, Any]:
+        """The trained teacher's test accuracy, clipping norm (from public data) and DP statistics, checkpointed."""
+        info, device = context.dataset.info, context.device
+        accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
+                                 device) / len(context.dataset.test)
+        clip = self._statistics_clip(teacher, public, info.shape, device)
+        (event,) = context.plan["statistics"]
+        assert isinstance(event, GaussianMechanism)
+        statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
+                                        event.noise_multiplier, self.config["statistics"]["batch_size"], device,
+                                        context.ledger, "statistics", context.generator)
+        state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
+                 "clip": clip, "teacher_accuracy": accuracy, "rng": context.generator.get_state()}
+        context.checkpoint(state)
+        context.log("statistics", clip=clip, teacher_test_accuracy=accuracy)
+        return state
 
     def _build_teacher(self, info: DatasetInfo) -> torch.nn.Module:
         settings = self.config["teacher"]

@@ -35,11 +35,11 @@ import torch
 
 from ...config import choice_setting
 from ...data import DatasetInfo
-from ...privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage
+from ...privacy import NonPrivateAccess, PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dpdm import DPDM
-from ..training import MakeBatch
+from ..training import MakeBatch, dpsgd_schedule
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
 TRAINING = ("dp", "non-private")
@@ -84,8 +84,7 @@ class DPSAD(DPDM):
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Teacher and student DP-SGD share one calibrated sigma; a non-private teacher is recorded as such."""
-        teacher, student = (DpsgdSchedule(self.config[s]["batch_size"], self.config[s]["epochs"], info.num_train)
-                            for s in ("teacher", "student"))
+        teacher, student = (dpsgd_schedule(self.config, s, info.num_train) for s in ("teacher", "student"))
         if choice_setting(self.config, "teacher", "training", TRAINING) == "non-private":
             first = PlannedStage("teacher", event=NonPrivateAccess(teacher.steps))
         else:
@@ -100,7 +99,7 @@ class DPSAD(DPDM):
         if phase in (None, "teacher"):
             self._train_private(context, teacher, "teacher", self.config["teacher"],
                                 self._batch_maker(context, section="teacher"), state)
-            pool = self._teacher_pool(context, teacher)
+            pool = context.on_main(lambda: self._teacher_pool(context, teacher))
             state = {"phase": "pool", "teacher": teacher.state_dict(), **pool, "rng": context.generator.get_state()}
             context.checkpoint(state)
         else:
@@ -108,8 +107,9 @@ class DPSAD(DPDM):
             teacher.load_state_dict(state["teacher"])
             if phase == "pool":
                 context.generator.set_state(state["rng"])
-        save_png(class_grid(state["pool_images"].numpy(), state["pool_labels"].numpy(), info.num_classes),
-                 context.run.file(POOL_IMAGES))
+        if context.world.is_main:
+            save_png(class_grid(state["pool_images"].numpy(), state["pool_labels"].numpy(), info.num_classes),
+                     context.run.file(POOL_IMAGES))
         self.model = self._distil(context, teacher, state, state if phase == "student" else None)
 
     def _teacher_pool(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -146,7 +146,7 @@ class DPSAD(DPDM):
             indices = torch.randint(len(pool_set[1]), (self.config["discriminator"]["batch_size"],),
                                     generator=context.generator)
             noisy, times, labels, teacher_next, _ = self._student_inputs(
-                context, teacher, pool_set[0][indices], pool_set[1][indices])
+                context, teacher, pool_set[0][indices], pool_set[1][indices], context.generator)
             with torch.no_grad():
                 student_next = self.diffusion.previous_mean(
                     student(noisy, times, class_labels=labels).sample, noisy, times)
@@ -154,6 +154,7 @@ class DPSAD(DPDM):
             optimizer.zero_grad(set_to_none=True)
             value.backward()
             optimizer.step()
+            context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
             return {"d_loss": float(value.detach())}
 
         def extra_state() -> dict[str, Any]:
@@ -170,16 +171,17 @@ class DPSAD(DPDM):
         train = context.dataset.train
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._student_inputs(context, teacher, train.images[indices], train.labels[indices])
+            return self._student_inputs(context, teacher, train.images[indices], train.labels[indices],
+                                        context.example_generator)
 
         return make_batch
 
     def _student_inputs(self, context: RunContext, teacher: torch.nn.Module, images: torch.Tensor,
-                        labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                        labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         """x_t at one random t each (Eq. 15), t, labels, and two next-step images x_{t-1}: the teacher's
         (with guidance, Eq. 5) and the data's (the forward process's posterior mean given x_0)."""
-        times = torch.randint(0, self.diffusion.timesteps, (len(labels),), generator=context.generator)
-        noise = torch.randn(images.shape, generator=context.generator)
+        times = torch.randint(0, self.diffusion.timesteps, (len(labels),), generator=generator)
+        noise = torch.randn(images.shape, generator=generator)
         noisy, target = self.diffusion.noisy(images, times, noise)
         noisy, times, labels, target = (t.to(context.device) for t in (noisy, times, labels, target))
         with torch.no_grad():

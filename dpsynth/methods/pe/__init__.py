@@ -7,11 +7,18 @@ votes of every class get Gaussian noise together (one sensitivity-1 mechanism pe
 threshold, parents are drawn by the noisy histogram and varied with degree d_t into S_t. S_T is released.
 The per-class population sizes N_c follow the class sizes, released once with Gaussian noise (the paper
 assumes a balanced private set, which is itself private knowledge).
+
+On several processes the API calls are split: each rank makes its contiguous part of every call's samples
+(with its own generator) and the parts are gathered, so the population is the same on every rank; each rank
+embeds its shard of the private set, the votes are all-reduced, and then every rank adds the same noise
+draw of the shared generator: one Gaussian mechanism per iteration, as on one process.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +35,8 @@ from ..base import Method, Release, RunContext, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples, find_fonts
 from .embeddings import Embedding, build_embedding
 from .histogram import dp_histograms, nearest_neighbour_votes
+
+T = TypeVar("T")
 
 ITERATIONS_DIR = "iterations"
 APIS = ("drawtext", "diffusion")
@@ -109,19 +118,22 @@ class PrivateEvolution(Method):
         assert isinstance(event, GaussianMechanism)
         threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
         sizes, population, start = self._initial_population(context, api)
-        private = class_embeddings(context.dataset.train, info.num_classes, embed)
+        private = class_embeddings(context.private_shard(), info.num_classes, embed)
         if self.non_private_outputs():
+            if context.world.size > 1:
+                raise ConfigError("pe.debug_nonprivate_fd needs a single process (each rank holds a shard)")
             warnings.warn(f"pe.debug_nonprivate_fd is on: {self.non_private_outputs()[0]}", stacklevel=2)
             if start == 0:
                 _log_nonprivate_distance(context, private, population, embed, 0)
         progress = context.progress(settings["iterations"], "pe", initial=start)
         for t in range(start, settings["iterations"]):
-            votes = [nearest_neighbour_votes(private[c], self._lookahead(api, embed, population[c], c, degrees[t],
-                                                                         context.generator))
+            votes = [nearest_neighbour_votes(private[c], self._lookahead(context, api, embed, population[c], c,
+                                                                         degrees[t]))
                      for c in range(info.num_classes)]
+            context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
             histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, "histograms",
                                        context.generator)
-            population = [self._offspring(api, population[c], histograms[c], c, degrees[t], context.generator)
+            population = [self._offspring(context, api, population[c], histograms[c], c, degrees[t])
                           for c in range(info.num_classes)]
             self._checkpoint(context, sizes, population, t + 1)
             self._save_grid(context, population, t + 1)
@@ -147,7 +159,8 @@ class PrivateEvolution(Method):
                           for images, params in zip(state["images"], state["params"], strict=True)]
             return state["sizes"], population, state["iteration"]
         sizes = self._class_sizes(context)
-        population = [api.random_api(c, n, context.generator) for c, n in enumerate(sizes)]
+        population = [Samples.joined(across_ranks(context, n, partial(_random_part, api, c)))
+                      for c, n in enumerate(sizes)]
         self._checkpoint(context, sizes, population, 0)
         self._save_grid(context, population, 0)
         return sizes, population, 0
@@ -162,26 +175,33 @@ class PrivateEvolution(Method):
             shares = torch.ones(classes, dtype=torch.float64)
         else:
             counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
-            shares = release_gaussian(counts, 1.0, settings["count_noise"], context.ledger, "class-counts",
-                                      context.generator).clamp_min(1)
+            shares = context.on_main(lambda: release_gaussian(counts, 1.0, settings["count_noise"], context.ledger,
+                                                              "class-counts", context.generator)).clamp_min(1)
         return apportion(total, shares)
 
-    def _lookahead(self, api: ImageAPI, embed: Embedding, samples: Samples, label: int, degree: float,
-                   generator: torch.Generator) -> torch.Tensor:
+    def _lookahead(self, context: RunContext, api: ImageAPI, embed: Embedding, samples: Samples, label: int,
+                   degree: float) -> torch.Tensor:
         """Each sample's embedding, or the mean embedding of its k variations (lookahead)."""
         k = self.config["pe"]["lookahead"]
-        if k == 0:
-            return embed(samples.images)
-        return torch.stack([embed(api.variation_api(samples, label, degree, generator).images)
-                            for _ in range(k)]).mean(dim=0)
+
+        def embedded(part: range, generator: torch.Generator) -> torch.Tensor:
+            mine = samples.take(torch.tensor(part, dtype=torch.long))
+            if k == 0:
+                return embed(mine.images)
+            return torch.stack([embed(api.variation_api(mine, label, degree, generator).images)
+                                for _ in range(k)]).mean(dim=0)
+
+        return torch.cat(across_ranks(context, len(samples), embedded))
 
     @staticmethod
-    def _offspring(api: ImageAPI, samples: Samples, histogram: torch.Tensor, label: int, degree: float,
-                   generator: torch.Generator) -> Samples:
+    def _offspring(context: RunContext, api: ImageAPI, samples: Samples, histogram: torch.Tensor, label: int,
+                   degree: float) -> Samples:
         """Parents drawn with replacement by ``histogram`` (uniformly if it is all zero), then varied."""
         weights = histogram if histogram.sum() > 0 else torch.ones_like(histogram)
-        parents = torch.multinomial(weights.double(), len(samples), replacement=True, generator=generator)
-        return api.variation_api(samples.take(parents), label, degree, generator)
+        parents = samples.take(torch.multinomial(weights.double(), len(samples), replacement=True,
+                                                 generator=context.generator))
+        return Samples.joined(across_ranks(context, len(parents), lambda part, g: api.variation_api(
+            parents.take(torch.tensor(part, dtype=torch.long)), label, degree, g)))
 
     def _checkpoint(self, context: RunContext, sizes: list[int], population: list[Samples], iteration: int
                     ) -> None:
@@ -191,6 +211,8 @@ class PrivateEvolution(Method):
 
     @staticmethod
     def _save_grid(context: RunContext, population: list[Samples], iteration: int) -> None:
+        if not context.world.is_main:
+            return
         images = torch.cat([p.images for p in population])
         labels = torch.cat([torch.full((len(p),), c) for c, p in enumerate(population)])
         path = context.run.file(ITERATIONS_DIR) / f"iteration-{iteration:03d}.png"
@@ -214,6 +236,17 @@ class PrivateEvolution(Method):
             images.append(chosen.images)
             labels.append(torch.full((size,), label))
         return torch.cat(images), torch.cat(labels), None
+
+
+def across_ranks(context: RunContext, total: int, call: Callable[[range, torch.Generator], T]) -> list[T]:
+    """``call(part, generator)`` on this rank's contiguous part of ``range(total)`` with its example generator;
+    every rank's result, in rank order. On one process: one call on the whole range, shared generator."""
+    context.world.seed_examples(context.example_generator, context.generator)
+    return context.world.gather_objects(call(range(total)[context.world.part(total)], context.example_generator))
+
+
+def _random_part(api: ImageAPI, label: int, part: range, generator: torch.Generator) -> Samples:
+    return api.random_api(label, len(part), generator)
 
 
 def class_embeddings(data: ImageSet, num_classes: int, embed: Embedding) -> list[torch.Tensor]:
