@@ -208,6 +208,23 @@ def _bench(args: argparse.Namespace) -> None:
                            "rerun the same command to retry them")
 
 
+def _audit(args: argparse.Namespace) -> None:
+    from .methods.audits import AUDITS
+    from .privacy.audit import run_audit
+
+    names = list(AUDITS) if args.mechanisms == ["all"] else args.mechanisms
+    unknown = [name for name in names if name not in AUDITS]
+    if unknown:
+        raise DpsynthError(f"unknown mechanism(s) {', '.join(unknown)}; known: all, {', '.join(AUDITS)}")
+    print(f"{'mechanism':<22} {'claimed eps':>11} {'lower bound (95 %)':>18} {'trials':>8} {'seconds':>8}  "
+          f"(delta = {args.delta:g})")
+    for name in names:
+        result = run_audit(name, AUDITS[name](), args.trials, args.delta, args.seed)
+        flag = "  LOWER BOUND ABOVE THE CLAIM" if result.lower_bound > result.claimed_epsilon else ""
+        print(f"{name:<22} {result.claimed_epsilon:>11.3f} {result.lower_bound:>18.3f} {result.trials:>8} "
+              f"{result.seconds:>8.1f}{flag}", flush=True)
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -291,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--set", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                        help="override a config key in every run, or in one method's runs (repeatable)")
     bench.set_defaults(handler=_bench)
+
+    audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests)")
+    audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM", help="all, or names from the table it prints")
+    audit.add_argument("--trials", type=int, default=20_000, help="runs with and without the canary, each")
+    audit.add_argument("--delta", type=float, default=1e-5)
+    audit.add_argument("--seed", type=int, default=0)
+    audit.set_defaults(handler=_audit)
     return parser
 
 

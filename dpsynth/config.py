@@ -23,7 +23,7 @@ BASE_CONFIG: Config = {
         "channels": 3,
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
-    "run": {"out_dir": "runs", "seed": 0, "device": "auto", "allow_non_private": False},
+    "run": {"out_dir": "runs", "seed": None, "device": "auto", "allow_non_private": False},
     "sampling": {"num_samples": 60000, "batch_size": 500},
     "evaluation": {
         "enabled": True,

@@ -18,9 +18,11 @@ derived from private data only after the checkpoint that covers its events.
 """
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,19 @@ def run_name(config: Config, when: time.struct_time | None = None) -> str:
     return f"{config['method']}-{config['dataset']['name']}-{budget}-{stamp}"
 
 
+def with_secret_seed(config: Config) -> Config:
+    """``config`` with ``run.seed`` drawn from the OS's secure source when it has none (the default).
+
+    The seed drives every draw of the run, the noise and the Poisson samples included: whoever knows it can
+    recompute the noise, and a known seed (0, say) leaves no differential privacy. A drawn seed lives only
+    in the run directory's config.yaml, which is as private as the checkpoints beside it."""
+    if config["run"].get("seed") is not None:
+        return config
+    config = copy.deepcopy(config)
+    config["run"]["seed"] = secrets.randbits(62)
+    return config
+
+
 class RunDirectory:
     """One run's folder. Create it with :meth:`create`, reopen it for resume with :meth:`open`."""
 
@@ -67,7 +82,7 @@ class RunDirectory:
                 suffix += 1
                 path = base.with_name(f"{base.name}-{suffix}")
         run = cls(path)
-        atomic_write_text(run.file(CONFIG), dump_config(config))
+        atomic_write_text(run.file(CONFIG), dump_config(with_secret_seed(config)))
         return run
 
     @classmethod

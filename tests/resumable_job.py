@@ -28,7 +28,7 @@ def main() -> None:
         run = RunDirectory.open(args.path)
         config = run.config()
     else:
-        config = resolve_config("dpdm", dataset="mnist-5k", epsilon=5.0)
+        config = resolve_config("dpdm", dataset="mnist-5k", epsilon=5.0, overrides=["run.seed=0"])  # reproducible
         run = RunDirectory.create(config, args.path)
         print(run.path, flush=True)
     images = dataset_from_config(config).train.images.flatten(1)

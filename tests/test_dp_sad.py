@@ -20,7 +20,7 @@ def tiny(out_dir: Path, *extra: str) -> list[str]:
                 "student.batch_size=64", "student.epochs=1", "teacher.checkpoint_every=5",
                 "student.checkpoint_every=5", "sampling.num_samples=30", "diffusion.sample_steps=4",
                 "discriminator.pool=40", "discriminator.pool_steps=4", "discriminator.batch_size=16",
-                "evaluation.enabled=false", f"run.out_dir={out_dir}"]
+                "evaluation.enabled=false", "run.seed=0", f"run.out_dir={out_dir}"]
     return ["dp-sad", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *extra,
             *[arg for setting in settings for arg in ("--set", setting)]]
 

@@ -107,7 +107,12 @@ def test_run_directory_layout_and_release(tmp_path):
     run = RunDirectory.create(config, tmp_path)
     second = RunDirectory.create(config, tmp_path)
     assert run.path.name.startswith("dpdm-mnist-5k-eps2.5-") and second.path != run.path
-    assert RunDirectory.open(run.path).config() == config
+    stored, other = RunDirectory.open(run.path).config(), second.config()
+    seeds = stored["run"].pop("seed"), other["run"].pop("seed")
+    assert stored == {**config, "run": {k: v for k, v in config["run"].items() if k != "seed"}}
+    assert config["run"]["seed"] is None and all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
+    chosen = RunDirectory.create(resolve_config("dpdm", overrides=["run.seed=7"]), tmp_path)
+    assert chosen.config()["run"]["seed"] == 7  # a seed the user sets is kept (and is known: tests only)
     images, labels = torch.rand(30, 1, 28, 28), torch.arange(30) % 10
     run.save_release(images, labels, [str(c) for c in range(10)])
     with np.load(run.file("synthetic.npz")) as saved:

@@ -7,6 +7,7 @@ then reports the noiseless argmax; we do not). Test accuracy is the measurement,
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,8 @@ def downstream_accuracy(
 
     train_epochs(model, synthetic.images, targets, settings, device, generator, after_epoch, f"classifier {name}",
                  temperature)
-    chosen = report_noisy_max(torch.tensor(val_correct), selection_epsilon, ledger, "model-selection", generator,
+    secret = torch.Generator().manual_seed(secrets.randbits(62))  # a seeded (known) draw would void its epsilon
+    chosen = report_noisy_max(torch.tensor(val_correct), selection_epsilon, ledger, "model-selection", secret,
                               budget="evaluation")
     return {"test_accuracy": test_accuracy[chosen], "selected_epoch": chosen + 1, "epochs": settings.epochs,
             "last_epoch_test_accuracy": test_accuracy[-1], "selection_epsilon": selection_epsilon,

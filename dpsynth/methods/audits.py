@@ -1,0 +1,194 @@
+"""Canary audits of every mechanism the methods run on private data (see :mod:`dpsynth.privacy.audit`).
+
+Each design runs the method's own function (the one a real run calls, ledger included) on a small dataset D
+or on D plus one canary chosen to move the output as far as the mechanism allows, and scores the output
+along the canary's direction. Where the output passes through a lossy step (an argmax, a ratio, a clamp)
+the score cannot see everything the canary changed, so the bound is looser; the README says by how much.
+``broken-gaussian-sum`` is a deliberately wrong copy of the Gaussian mechanism (noise divided by the
+batch size a second time), kept to show that the audit catches such a bug.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..data import ImageSet
+from ..models.classifiers import group_norm_resnet
+from ..privacy import GaussianMechanism, PrivacyLedger
+from ..privacy.audit import Trial
+from ..privacy.dpsgd import DPSGD, DpsgdSettings
+from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from .dp_feta.central import CentralQuery, central_images
+from .dp_imgsyn.statistics import example_moments, private_statistics
+from .feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from .pe.histogram import dp_histograms, nearest_neighbour_votes
+
+SIGMA, STAGE, RECORDS = 1.0, "audit", 100
+SIDE = 8  # images are 1 x 8 x 8
+COUNT_NOISE = 20.0  # the class-size releases' noise: a small share of the claim
+
+
+def _images(value: float, count: int) -> torch.Tensor:
+    return torch.full((count, 1, SIDE, SIDE), value)
+
+
+def _checkerboard() -> torch.Tensor:
+    rows, columns = torch.meshgrid(torch.arange(SIDE), torch.arange(SIDE), indexing="ij")
+    return ((rows + columns) % 2).float().reshape(1, 1, SIDE, SIDE)
+
+
+def _labelled(images: torch.Tensor) -> ImageSet:
+    return ImageSet(images, torch.zeros(len(images), dtype=torch.long))
+
+
+def dpsgd_step() -> Trial:
+    """One step of the DP-SGD engine (q = 1) on a linear model whose per-example gradient is the example:
+    D is zero gradients, the canary's gradient is twice the clipping norm along one axis (white box: the
+    score is the update along that axis, times qN)."""
+    dimension, clip = 16, 1.0
+    canary = torch.zeros(1, dimension)
+    canary[0, 0] = 2 * clip
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        data = torch.cat([torch.zeros(RECORDS, dimension), canary]) if with_canary else torch.zeros(RECORDS, dimension)
+        model = nn.Linear(dimension, 1, bias=False)
+        nn.init.zeros_(model.weight)
+        engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                       lambda forward, x: forward(x.unsqueeze(0)).sum(), DpsgdSettings(SIGMA, clip, 1.0, 64),
+                       len(data), ledger, STAGE, generator)
+        engine.step(lambda indices: (data[indices],))
+        return -float(model.weight.detach()[0, 0]) * len(data)
+
+    return trial
+
+
+def mean_images() -> Trial:
+    """DP-FETA's noisy mean image (q = 1, one class): D is grey images, the canary a checkerboard at the
+    clipping norm; the score is the output's checkerboard contrast (blind to the canary's mean brightness,
+    which the division by the noisy class size confounds: 1/sqrt(2) of the canary's shift)."""
+    canary = _checkerboard()
+    query = CentralQuery("mean", 1, 1.0, SIGMA, float(canary.norm()), 2, COUNT_NOISE)
+    contrast = canary * 2 - 1
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        images = torch.cat([_images(0.5, RECORDS), canary]) if with_canary else _images(0.5, RECORDS)
+        released = central_images(_labelled(images), 1, query, ledger, STAGE, generator).images[0]
+        return float((released * contrast).sum()) * RECORDS
+
+    return trial
+
+
+def mode_images() -> Trial:
+    """DP-FETA's noisy mode image (q = 1, 2 bins): D is empty, the canary has every pixel in the upper bin;
+    the score is the number of output pixels in that bin (an argmax per pixel: about 0.56 of the shift)."""
+    query = CentralQuery("mode", 1, 1.0, SIGMA, 1.0, 2, COUNT_NOISE)
+    canary = _images(0.9, 1)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        images = canary if with_canary else _images(0.9, 0)
+        released = central_images(_labelled(images), 1, query, ledger, STAGE, generator).images[0]
+        return float((released > 0.5).sum())
+
+    return trial
+
+
+def frequency_features() -> Trial:
+    """FETA-Pro's noisy mean random Fourier features (one class): D is grey images, the canary a
+    checkerboard whose features are nearly orthogonal to theirs; the score is the noisy sum along them."""
+    rff = RandomFourierFeatures(SIDE * SIDE, 512, 1.0, seed=0)
+    canary = _checkerboard()
+    grey, direction = rff(_images(0.5, 1))[0], rff(canary)[0]
+    direction = direction - (direction @ grey) * grey
+    direction = direction / direction.norm()
+    query = FrequencyQuery(SIGMA, COUNT_NOISE)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        images = torch.cat([_images(0.5, RECORDS), canary]) if with_canary else _images(0.5, RECORDS)
+        means = noisy_class_means(_labelled(images), 1, rff, query, ledger, STAGE, generator)
+        return float(means[0] @ direction) * RECORDS
+
+    return trial
+
+
+def pe_histogram() -> Trial:
+    """PE's nearest-neighbour vote histogram (threshold 0): D's samples all vote for synthetic sample 1,
+    the canary for sample 0; the score is sample 0's noisy count."""
+    synthetic = torch.tensor([[0.0, 0.0], [10.0, 0.0]])
+    private = synthetic[1].repeat(RECORDS, 1)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        embeddings = torch.cat([private, synthetic[:1]]) if with_canary else private
+        votes = nearest_neighbour_votes(embeddings, synthetic)
+        return float(dp_histograms([votes], SIGMA, 0.0, ledger, STAGE, generator)[0][0])
+
+    return trial
+
+
+def groupnorm_statistics() -> Trial:
+    """DP-ImgSyn's GroupNorm statistics of a small GroupNorm ResNet: D is random images, the canary an image
+    whose moment vector exceeds the clipping norm; the score is the noisy moment sum, rebuilt from the
+    released means and variances, along the canary's clipped moments."""
+    torch.manual_seed(0)
+    model = group_norm_resnet(1, 2, (1,), (8,), 2)
+    images = torch.rand(20, 1, SIDE, SIDE, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    canary = torch.ones(1, 1, SIDE, SIDE)
+    with torch.no_grad():
+        moments = example_moments(model, canary)[1][0]
+    clip = float(moments.norm()) / 2
+    direction = moments / moments.norm()
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        data = torch.cat([images, canary]) if with_canary else images
+        statistics = private_statistics(model, data, clip, SIGMA, 64, torch.device("cpu"), ledger, STAGE, generator)
+        parts = [torch.cat([mean, variance + mean.pow(2)])
+                 for mean, variance in zip(statistics.means, statistics.variances, strict=True)]
+        return float(torch.cat(parts).double() @ direction.double()) * len(data)
+
+    return trial
+
+
+def report_noisy_max_selection() -> Trial:
+    """Report Noisy Max (epsilon = 1) over 100 tied candidates; the canary adds 1 to candidate 0's count;
+    the score is whether candidate 0 was selected."""
+    candidates = 100
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        counts = torch.zeros(candidates)
+        counts[0] += float(with_canary)
+        return float(report_noisy_max(counts, 1.0, ledger, STAGE, generator) == 0)
+
+    return trial
+
+
+def broken_gaussian_sum(values: torch.Tensor, clip: float, noise_multiplier: float, ledger: PrivacyLedger,
+                        generator: torch.Generator) -> torch.Tensor:
+    """WRONG ON PURPOSE: the sum of clipped rows with the noise divided by the number of rows (the bug of
+    treating a sum as a mean), while the ledger records the intended Gaussian mechanism."""
+    ledger.record(STAGE, GaussianMechanism(noise_multiplier))
+    total = clip_rows(values, clip).sum(dim=0)
+    return total + gaussian_noise(total.shape, noise_multiplier * clip / len(values), generator, total)
+
+
+def broken_sum() -> Trial:
+    """The broken copy, audited like the DP-SGD step: zero rows, a canary at the clipping norm."""
+    canary = torch.tensor([[1.0, 0.0]])
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+        rows = torch.cat([torch.zeros(RECORDS, 2), canary]) if with_canary else torch.zeros(RECORDS, 2)
+        return float(broken_gaussian_sum(rows, 1.0, SIGMA, ledger, generator)[0])
+
+    return trial
+
+
+AUDITS: dict[str, Callable[[], Trial]] = {
+    "dp-sgd-step": dpsgd_step,
+    "mean-images": mean_images,
+    "mode-images": mode_images,
+    "frequency-features": frequency_features,
+    "pe-histogram": pe_histogram,
+    "groupnorm-statistics": groupnorm_statistics,
+    "report-noisy-max": report_noisy_max_selection,
+    "broken-gaussian-sum": broken_sum,
+}
