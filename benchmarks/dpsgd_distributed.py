@@ -24,6 +24,7 @@ from dpsynth.distributed import World
 from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
+from dpsynth.privacy.randomness import SecretStream, derived_key
 
 RECORDS, SHAPE = 60_000, (1, 28, 28)
 
@@ -37,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
     examples = torch.Generator().manual_seed(world.rank + 1)
     engine = DPSGD(model, torch.optim.Adam(model.parameters(), 1e-3), diffusion.example_loss,
                    DpsgdSettings(1.0, 1.0, args.batch / RECORDS, 128, bf16=True), RECORDS, PrivacyLedger(),
-                   "dp-sgd", generator, world, examples)
+                   "dp-sgd", SecretStream(derived_key(0, "bench")), world, generator, examples)
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
         times, noise = diffusion.training_inputs(len(indices), 1, SHAPE, examples)

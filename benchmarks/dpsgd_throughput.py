@@ -26,6 +26,7 @@ from dpsynth.diffusion import Diffusion
 from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
+from dpsynth.privacy.randomness import SecretStream, derived_key
 
 SIGMA, CLIP = 1.0, 1.0
 
@@ -142,7 +143,7 @@ def _ours(model: torch.nn.Module, diffusion: Diffusion, images: torch.Tensor, la
     # sample rate 1 over the batch's own examples: every step uses all of them, as the others do
     settings = DpsgdSettings(SIGMA, CLIP, 1.0, len(labels), bf16=bf16)
     engine = DPSGD(model, optimizer, diffusion.example_loss, settings, len(labels), PrivacyLedger(), "bench",
-                   torch.Generator().manual_seed(1))
+                   SecretStream(derived_key(1, "bench")))
 
     def make_batch(index: torch.Tensor) -> tuple[torch.Tensor, ...]:
         times, noise = inputs()

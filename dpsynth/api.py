@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .errors import ConfigError, DpsynthError
+from .errors import ConfigError, DpsynthError, PrivacyWarning
 from .methods import get_method
 from .privacy import (
     ACCOUNTANTS,
@@ -20,10 +20,6 @@ from .privacy import (
     plan_budget,
 )
 from .privacy.accountant import check_delta, check_epsilon
-
-
-class PrivacyWarning(UserWarning):
-    """A privacy setting that is legal but weaker than the field's conventions."""
 
 
 def resolve_config(
@@ -80,6 +76,7 @@ def dataset_from_config(config: Config) -> Dataset:
     return load_dataset(
         settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
         split_seed=settings["split_seed"], resolution=settings["resolution"], channels=settings["channels"],
+        num_classes=settings.get("num_classes"),
     )
 
 

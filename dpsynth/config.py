@@ -21,6 +21,7 @@ BASE_CONFIG: Config = {
         "split_seed": 0,
         "resolution": 32,
         "channels": 3,
+        "num_classes": None,
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
     "run": {"out_dir": "runs", "seed": None, "device": "auto", "allow_non_private": False},

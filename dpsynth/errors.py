@@ -15,3 +15,7 @@ class ConfigError(DpsynthError):
 
 class PrivacyError(DpsynthError):
     """A privacy budget cannot be met or a privacy record is inconsistent."""
+
+
+class PrivacyWarning(UserWarning):
+    """A privacy setting that is legal but weaker than the field's conventions."""

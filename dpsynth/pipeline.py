@@ -2,21 +2,24 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .api import BudgetPlan, check_stored_config, dataset_from_config, plan_budget_for, resolve_delta
+from .api import BudgetPlan, PrivacyWarning, check_stored_config, dataset_from_config, plan_budget_for, resolve_delta
 from .config import BASE_CONFIG, Config, build_config, set_value
 from .data import Dataset
+from .data.fingerprints import check_disjoint
 from .distributed import World
 from .errors import ConfigError, DpsynthError, PrivacyError
-from .evaluation import EvaluationSettings, evaluate_release, load_release
+from .evaluation import EvaluationSettings, evaluate_release, evaluation_ledger, load_release
 from .methods import get_method
 from .methods.base import Method, RunContext
-from .privacy import Accountant, PrivacyLedger, budget_report, ledger_report, non_private_stages
+from .privacy import Accountant, PrivacyLedger, budget_report, check_within_plan, ledger_report, non_private_stages
+from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .runs import CONFIG, LOG, PRIVACY, SYNTHETIC, RunDirectory
 
 
@@ -38,6 +41,7 @@ def start(config: Config) -> RunDirectory:
     for ``config`` and execute it (on every process torchrun started; rank 0 creates the directory)."""
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
+    check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
     world = World.from_environment(pick_device(config["run"]["device"]))
     path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
     if world.is_main:
@@ -58,7 +62,10 @@ def resumable(path: str) -> RunDirectory:
 def resume(path: str) -> RunDirectory:
     """Continue the run in ``path`` from its last checkpoint (ledger and RNG included)."""
     run = resumable(path)
-    return execute(run, world=World.from_environment(pick_device(run.config()["run"]["device"])))
+    config = run.config()
+    dataset = dataset_from_config(config)
+    check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
+    return execute(run, dataset, world=World.from_environment(pick_device(config["run"]["device"])))
 
 
 def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
@@ -94,24 +101,41 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     budget = budget or plan_budget_for(config, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
     state, ledger = _restored(run, world)
+    allow_non_private = bool(config["run"]["allow_non_private"])
+    ledger.check = lambda stages: check_within_plan(stages, plan, allow_non_private)  # before each mechanism runs
+    check_within_plan(ledger.stages(), plan, allow_non_private)  # a restored ledger too
     if world.is_main:
         run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
                 processes=world.size)
-    torch.manual_seed(config["run"]["seed"])  # model initialisation
-    generator = torch.Generator().manual_seed(config["run"]["seed"])
+    seed = user_seed(config)
+    keys = world.broadcast_object({purpose: stream_key(seed, purpose) for purpose in ("noise", "training", "init")}
+                                  if world.is_main else None)
+    torch.default_generator.set_state(mersenne_state(keys["init"]))  # model initialisation
     device = world.device(pick_device(config["run"]["device"]))
-    context = RunContext(dataset, run, plan, ledger, accountant, delta, device, generator, state, world)
+    context = RunContext(dataset, run, plan, ledger, accountant, delta, device, secret_generator(keys["training"]),
+                         SecretStream(keys["noise"]), state, world, allow_non_private)
     method.fit(context)
     return method, context, budget
+
+
+def user_seed(config: Config) -> int | None:
+    """``run.seed`` when the user set one (with a warning: the noise is then recomputable), else None."""
+    seed = config["run"]["seed"]
+    if seed is not None:
+        warnings.warn(f"run.seed = {seed} is set: whoever knows it can recompute this run's noise, so its release "
+                      "is NOT private (privacy.json says noise_seed: user-set); leave run.seed unset for a real "
+                      "release", PrivacyWarning, stacklevel=2)
+    return seed
 
 
 def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan) -> None:
     """Check the ledger against the target, generate, write the release and its privacy report; evaluate."""
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
-    report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method)
-    images, labels, soft = method.generate(config["sampling"]["num_samples"], torch.Generator().manual_seed(
-        config["run"]["seed"] + 1))
+    check_within_plan(ledger.stages(), budget.stages, bool(config["run"]["allow_non_private"]), complete=True)
+    report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method, config)
+    release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
+    images, labels, soft = method.generate(config["sampling"]["num_samples"], release_stream)
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
     run.log("released", epsilon=report["epsilon"], samples=len(labels), **_cuda_peak(context.device))
@@ -152,7 +176,7 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
                                delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
                                run.method_metrics())
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
-                             get_method(config["method"])(config))
+                             get_method(config["method"])(config), config)
     run.write_privacy_report(report)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
             **_cuda_peak(device or pick_device(config["run"]["device"])))
@@ -163,26 +187,30 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
                   ) -> tuple[dict[str, Any], Path]:
     """Evaluate a synthetic .npz against ``dataset.*`` from ``overrides``; outputs go to ``out_dir``.
 
-    The default ``out_dir`` is ``<file stem>-evaluation`` beside the file; its ``ledger.json`` holds the
-    model-selection mechanisms (evaluation budget), and accumulates over repeated evaluations.
+    The default ``out_dir`` is ``<file stem>-evaluation`` beside the file. The model-selection mechanisms
+    (evaluation budget) go to the release's own ledger, kept by the hash of its contents
+    (:func:`~dpsynth.evaluation.release.evaluation_ledger`), so they accumulate over every evaluation of
+    that release, whatever folder each one writes to.
     """
     path = Path(path)
     config = build_config({}, {}, "none", overrides)
     dataset = dataset_from_config(config)
     out = Path(out_dir) if out_dir is not None else path.with_name(f"{path.stem}-evaluation")
-    ledger_path = out / "ledger.json"
-    ledger = PrivacyLedger.load(ledger_path) if ledger_path.exists() else PrivacyLedger(ledger_path)
+    release = load_release(path, dataset.info)
+    ledger = evaluation_ledger(release)
     accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
-    metrics = evaluate_release(load_release(path, dataset.info), dataset,
+    metrics = evaluate_release(release, dataset,
                                EvaluationSettings.from_config(config["evaluation"]), ledger, accountant, delta, out,
                                pick_device(config["run"]["device"]))
     return metrics, out
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,
-                    num_train: int, method: Method) -> dict[str, Any]:
-    """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover."""
-    report = ledger_report(ledger, accountant, delta)
+                    num_train: int, method: Method, config: Config) -> dict[str, Any]:
+    """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover
+    and whether the noise was seeded by the user (then recomputable)."""
+    seeded = "user-set" if config["run"]["seed"] is not None else "secret"
+    report = {**ledger_report(ledger, accountant, delta), "noise_seed": seeded}
     if not report["dp_guarantee"]:  # allowed by run.allow_non_private when planned
         unprotected = ", ".join(non_private_stages(ledger.stages()))
         return {"target_epsilon": None, "dataset_size": num_train, **report,

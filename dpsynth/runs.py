@@ -1,14 +1,16 @@
 """The run directory: config, privacy ledger and report, log, checkpoints and released artefacts.
 
-Layout of ``runs/<method>-<dataset>-eps<epsilon>-<time>/``:
+Layout of ``runs/<method>-<dataset>-eps<epsilon>-<time>/``: the folder ``release/`` holds exactly what the
+epsilon covers and may be shared; everything else is PRIVATE to the data holder.
 
+- ``release/synthetic.npz`` and ``release/samples.png``: the release (uint8 images N x C x H x W, labels)
+  and its grid, written after the budget check; ``release/privacy.json``: the accountant's report.
 - ``config.yaml``: the fully resolved config; ``--resume`` reads it back.
 - ``ledger.json``: every privacy event, appended as mechanisms run.
-- ``privacy.json``: the report the accountant computes from the ledger.
-- ``checkpoint.pt``: training state *and the ledger that covers it*, written atomically.
-- ``log.jsonl``: one JSON record per line. It may hold non-private statistics of the private data
-  (training losses): it is a diagnostic for the data holder, not part of the release.
-- ``synthetic.npz`` and ``samples.png``: the release (uint8 images N x C x H x W and labels) and its grid.
+- ``checkpoint.pt``: training state, the secret noise stream's key *and the ledger that covers it*.
+- ``log.jsonl``: one JSON record per line. It holds non-private statistics of the private data (losses,
+  Poisson batch sizes, unclipped gradient norms): a diagnostic for the data holder, never shared.
+- evaluation outputs (``metrics.json``, nearest real neighbours, training curves) and method pictures.
 
 Resume rule: a checkpoint stores the ledger as it stood when the state was saved. Mechanisms that ran
 after the last checkpoint produced outputs that the crash destroyed and that no artefact contains, so
@@ -18,11 +20,9 @@ derived from private data only after the checkpoint that covers its events.
 """
 from __future__ import annotations
 
-import copy
 import io
 import json
 import math
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,10 @@ from .privacy import PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
 from .utils.io import atomic_write, atomic_write_json, atomic_write_text
 
-CONFIG, LEDGER, PRIVACY, CHECKPOINT, LOG = "config.yaml", "ledger.json", "privacy.json", "checkpoint.pt", "log.jsonl"
+CONFIG, LEDGER, CHECKPOINT, LOG = "config.yaml", "ledger.json", "checkpoint.pt", "log.jsonl"
 METHOD_METRICS = "method_metrics.json"
-SYNTHETIC, SAMPLES = "synthetic.npz", "samples.png"
+RELEASE = "release"
+PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
 
 
 def run_name(config: Config, when: time.struct_time | None = None) -> str:
@@ -47,19 +48,6 @@ def run_name(config: Config, when: time.struct_time | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
     budget = "nodp" if config["run"].get("allow_non_private") else f"eps{config['privacy']['epsilon']:g}"
     return f"{config['method']}-{config['dataset']['name']}-{budget}-{stamp}"
-
-
-def with_secret_seed(config: Config) -> Config:
-    """``config`` with ``run.seed`` drawn from the OS's secure source when it has none (the default).
-
-    The seed drives every draw of the run, the noise and the Poisson samples included: whoever knows it can
-    recompute the noise, and a known seed (0, say) leaves no differential privacy. A drawn seed lives only
-    in the run directory's config.yaml, which is as private as the checkpoints beside it."""
-    if config["run"].get("seed") is not None:
-        return config
-    config = copy.deepcopy(config)
-    config["run"]["seed"] = secrets.randbits(62)
-    return config
 
 
 class RunDirectory:
@@ -82,7 +70,7 @@ class RunDirectory:
                 suffix += 1
                 path = base.with_name(f"{base.name}-{suffix}")
         run = cls(path)
-        atomic_write_text(run.file(CONFIG), dump_config(with_secret_seed(config)))
+        atomic_write_text(run.file(CONFIG), dump_config(config))
         return run
 
     @classmethod

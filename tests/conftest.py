@@ -15,6 +15,19 @@ import numpy as np
 import pytest
 
 from dpsynth.privacy import PrivacyLedger
+from dpsynth.privacy.randomness import SecretStream, derived_key
+
+
+def secret_stream(seed: int = 0) -> SecretStream:
+    """A noise stream keyed from ``seed``: recomputable, so for tests only."""
+    return SecretStream(derived_key(seed, "test"))
+
+
+@pytest.fixture(autouse=True)
+def evaluation_ledgers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's release ledgers (``dpsynth evaluate FILE.npz``) in its own folder, not the user's."""
+    monkeypatch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path / "evaluation-ledgers"))
+    return tmp_path / "evaluation-ledgers"
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
@@ -76,7 +89,7 @@ def finished_run(*args: str) -> Path:
 
 def privacy_report(run: Path) -> dict:
     """The run's privacy.json."""
-    return json.loads((run / "privacy.json").read_text())
+    return json.loads((run / "release" / "privacy.json").read_text())
 
 
 def started(process: subprocess.Popen) -> Path:
@@ -110,9 +123,9 @@ def assert_killed_run_resumes_to(clean_dir: Path, args: list[str], matches: Call
     crash = dpsynth_run(*args)
     crash_dir = started(crash)
     kill_when_logged(crash, crash_dir, matches)
-    assert not (crash_dir / "synthetic.npz").exists()
+    assert not (crash_dir / "release" / "synthetic.npz").exists()
     resumed = dpsynth_run("--resume", str(crash_dir))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
-    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
+    with np.load(crash_dir / "release" / "synthetic.npz") as a, np.load(clean_dir / "release" / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])

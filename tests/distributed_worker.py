@@ -23,6 +23,7 @@ from dpsynth.methods.pe.histogram import nearest_neighbour_votes
 from dpsynth.privacy import Accountant, PrivacyLedger
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import clip_rows
+from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
 
 SEED, SIGMA, CLIP = 7, 2.0, 1.0
@@ -31,7 +32,7 @@ SEED, SIGMA, CLIP = 7, 2.0, 1.0
 def context(world: World, out: Path) -> RunContext:
     dataset = load_dataset("digits")
     return RunContext(dataset, RunDirectory(out), {}, PrivacyLedger(), Accountant("pld"), 1e-5, torch.device("cpu"),
-                      torch.Generator().manual_seed(SEED), None, world)
+                      torch.Generator().manual_seed(SEED), SecretStream(derived_key(SEED, "test")), None, world)
 
 
 def linear_loss(model: Any, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +56,7 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
     def steps(noise: float, rate: float, loss: Any, count: int) -> torch.Tensor:
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         engine = DPSGD(model, optimizer, loss, DpsgdSettings(noise, CLIP, rate, 128), len(data), ctx.ledger,
-                       "dp-sgd", ctx.generator, world, ctx.example_generator)
+                       "dp-sgd", ctx.noise, world, ctx.generator, ctx.example_generator)
         updates = []
         for _ in range(count):
             seen.append([])

@@ -12,6 +12,7 @@ import torch
 from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.privacy import Accountant, ledger_report
 from dpsynth.privacy.mechanisms import release_subsampled_mean
+from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
 
 CHECKPOINT_EVERY = 5
@@ -32,15 +33,15 @@ def main() -> None:
         run = RunDirectory.create(config, args.path)
         print(run.path, flush=True)
     images = dataset_from_config(config).train.images.flatten(1)
-    generator = torch.Generator().manual_seed(config["run"]["seed"])
+    noise = SecretStream(derived_key(config["run"]["seed"], "noise"))
     restored, ledger = run.restore()
-    state = restored or {"step": 0, "total": torch.zeros(images.shape[1]), "rng": generator.get_state()}
-    generator.set_state(state["rng"])
+    state = restored or {"step": 0, "total": torch.zeros(images.shape[1]), "rng": noise.get_state()}
+    noise.set_state(state["rng"])
     while state["step"] < args.steps:
-        state["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", generator)
+        state["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", noise)
         state["step"] += 1
         if state["step"] % CHECKPOINT_EVERY == 0:
-            state["rng"] = generator.get_state()
+            state["rng"] = noise.get_state()
             run.save_checkpoint(state, ledger)
         time.sleep(args.sleep)
     torch.save(state["total"], run.file("total.pt"))

@@ -186,7 +186,7 @@ def test_npz_layouts(tmp_path, layout):
     images = rng.integers(0, 256, (50, 1, 12, 12), dtype=np.uint8)
     stored = {"nchw": images, "nhwc": images.transpose(0, 2, 3, 1), "nhw": images[:, 0]}[layout]
     np.savez(tmp_path / "d.npz", images=stored, labels=np.arange(50) % 5)
-    dataset = load_dataset("npz", tmp_path / "d.npz", val_size=5, test_size=5)
+    dataset = load_dataset("npz", tmp_path / "d.npz", val_size=5, test_size=5, num_classes=5)
     assert_well_formed(dataset, (1, 12, 12), 5)
     all_pixels = torch.cat([dataset.train.images, dataset.val.images, dataset.test.images])
     assert sorted(all_pixels.mul(255).round().flatten().tolist()) == sorted(images.flatten().tolist())
@@ -211,9 +211,19 @@ def test_npz_float_images_and_class_names(tmp_path):
     ({"images": np.zeros((4, 1, 8, 8), np.uint8), "labels": np.full(4, 0.5)}, "1-D integer array"),
 ])
 def test_npz_errors(tmp_path, arrays, message):
-    np.savez(tmp_path / "d.npz", **arrays)
+    np.savez(tmp_path / "d.npz", **{"class_names": np.array(["a", "b", "c", "d", "e"]), **arrays})
     with pytest.raises(DataError, match=f"d.npz: .*{message}"):
         load_dataset("npz", tmp_path / "d.npz")
+
+
+def test_npz_number_of_classes_is_never_read_from_the_private_labels(tmp_path):
+    """Without class_names, max(label) + 1 would change when the only record of the top class leaves."""
+    np.savez(tmp_path / "d.npz", images=np.zeros((20, 1, 8, 8), np.uint8), labels=np.arange(20) % 3)
+    with pytest.raises(DataError, match="d.npz: no 'class_names' array.*dataset.num_classes"):
+        load_dataset("npz", tmp_path / "d.npz")
+    assert load_dataset("npz", tmp_path / "d.npz", num_classes=4).info.num_classes == 4  # a class with no record
+    with pytest.raises(DataError, match="labels must lie in \\[0, 1\\]"):
+        load_dataset("npz", tmp_path / "d.npz", num_classes=2)
 
 
 def test_npz_corrupt_archive(tmp_path):

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import dpsynth_run, finished_run, privacy_report, started
+from conftest import dpsynth_run, finished_run, privacy_report, secret_stream, started
 from test_dp_feta import TINY as DP_FETA
 from test_dp_imgsyn import TINY as DP_IMGSYN
 from test_dp_sad import tiny as dp_sad
@@ -50,7 +49,7 @@ def test_ranks_never_see_the_same_example_and_together_draw_the_one_process_samp
         assert not set(mine) & set(theirs), step
         assert all(i % 2 == 0 for i in mine) and all(i % 2 == 1 for i in theirs)
         assert len(set(mine)) == len(mine)
-    first = poisson_sample(1000, 0.1, torch.Generator().manual_seed(7)).tolist()  # the worker's seed and rate
+    first = poisson_sample(1000, 0.1, secret_stream(7)).tolist()  # the worker's seed and rate
     assert sorted(two[0]["seen"][0] + two[1]["seen"][0]) == one["seen"][0] == first
     assert sorted(two[0]["seen"][-1] + two[1]["seen"][-1]) == list(range(1000))  # the rate-1 step: every example
 
@@ -97,7 +96,7 @@ def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path
     one = finished_run(*args, "--set", f"run.out_dir={tmp_path / 'one'}")
     assert PrivacyLedger.load(two / "ledger.json") == PrivacyLedger.load(one / "ledger.json")
     assert privacy_report(two)["epsilon"] == privacy_report(one)["epsilon"]
-    with np.load(two / "synthetic.npz") as release:
+    with np.load(two / "release" / "synthetic.npz") as release:
         assert len(release["labels"]) > 0
     starts = [json.loads(line) for line in (two / "log.jsonl").read_text().splitlines()]
     assert starts[0]["event"] == "start" and starts[0]["processes"] == 2
@@ -116,11 +115,11 @@ def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_pat
         time.sleep(0.01)  # a checkpoint at step 5
     os.killpg(crash.pid, signal.SIGKILL)  # torchrun and both ranks
     crash.wait()
-    assert not (crash_dir / "synthetic.npz").exists()
+    assert not (crash_dir / "release" / "synthetic.npz").exists()
     resumed = dpsynth_run("--resume", str(crash_dir), "--nproc", "2")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
     assert PrivacyLedger.load(ledger) == PrivacyLedger.load(clean / "ledger.json")
-    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean / "synthetic.npz") as b:
+    with np.load(crash_dir / "release" / "synthetic.npz") as a, np.load(clean / "release" / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])  # the shared generator restored, example generators reseeded
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, warmup_step_logged
+from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, secret_stream, warmup_step_logged
 from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
@@ -28,7 +28,7 @@ def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0, dow
 
 def test_mode_of_the_papers_pixel_set():
     pixels = torch.tensor([1.0, 3.0, 3.0, 4.0]).view(4, 1, 1, 1) / 4  # {1, 3, 3, 4} with p_max = 4
-    generator = torch.Generator().manual_seed(0)
+    generator = secret_stream()
     assert pixel_histogram(pixels, 2).tolist() == [[1, 3]]
     assert float(mode_image(pixels, query("mode", bins=2), generator)) * 4 == 3.0  # centre of bin [2, 4]
     assert float(mode_image(pixels, query("mode", bins=4), generator)) * 4 == 3.5  # centre of bin [3, 4]
@@ -37,7 +37,7 @@ def test_mode_of_the_papers_pixel_set():
 @pytest.mark.parametrize("downsample", [1, 2, 3])
 def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_f_b(downsample):
     images, extra = torch.rand(20, 1, 6, 6) * 3, torch.ones(1, 1, 6, 6) * 3  # norms above the clip
-    generator = torch.Generator().manual_seed(0)
+    generator = secret_stream()
     clip, size = 2.0, 20.0
     without = mean_image(images, query("mean", clip=clip, downsample=downsample), size, generator)
     with_extra = mean_image(torch.cat([images, extra]), query("mean", clip=clip, downsample=downsample), size,
@@ -65,7 +65,7 @@ def test_downsampled_denoised_central_images_come_back_at_full_size(tmp_path, ki
     images = torch.zeros(80, 1, 8, 8)
     images[:40, :, 2:6, 2:6] = 1.0  # class 0: a bright square; class 1: black
     central = central_images(ImageSet(images, labels), 2, query(kind, noise=1e-9, downsample=2, denoise=True),
-                             PrivacyLedger(tmp_path / "ledger.json"), "central", torch.Generator().manual_seed(0))
+                             PrivacyLedger(tmp_path / "ledger.json"), "central", secret_stream())
     assert central.images.shape == (6, 1, 8, 8) and central.images.min() >= 0 and central.images.max() <= 1
     square = central.images[0, 0]
     assert square[3:5, 3:5].min() > 0.55 and square[0, 0] < 0.3 and central.images[3:].max() < 0.3
@@ -77,7 +77,7 @@ def test_per_class_queries_read_only_their_class(tmp_path, kind, expected):
     images = torch.where(labels.view(-1, 1, 1, 1) == 0, 0.1, 0.9).expand(-1, 1, 5, 5).clone()
     ledger = PrivacyLedger(tmp_path / "ledger.json")
     central = central_images(ImageSet(images, labels), 2, query(kind, noise=1e-9), ledger, "central",
-                             torch.Generator().manual_seed(0))
+                             secret_stream())
     assert central.labels.tolist() == [0, 0, 0, 1, 1, 1]
     for label, value in enumerate(expected):
         assert torch.allclose(central.images[central.labels == label], torch.tensor(value), atol=1e-4)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report
+from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report, secret_stream
 
 from dpsynth.api import dataset_from_config
 from dpsynth.errors import DataError
@@ -63,13 +63,13 @@ def test_private_statistics_are_one_gaussian_mechanism_with_the_clip_as_sensitiv
     teacher, images = tiny_teacher(), torch.randn(40, 1, 8, 8)
     ledger = PrivacyLedger(tmp_path / "ledger.json")
     noiseless = private_statistics(teacher, images, 2.0, 1e-9, 16, CPU, ledger, "statistics",
-                                   torch.Generator().manual_seed(0))
+                                   secret_stream())
     with torch.no_grad():
         clipped = batch_statistics(teacher, images, 2.0)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(noiseless.means, clipped.means, strict=True))
     assert ledger.events() == [GaussianMechanism(1e-9)]
     noisy = private_statistics(teacher, images, 2.0, 30.0, 16, CPU, ledger, "statistics",
-                               torch.Generator().manual_seed(0))
+                               secret_stream())
     error = torch.cat([a - b for a, b in zip(noisy.means, clipped.means, strict=True)])
     assert error.std() == pytest.approx(30.0 * 2.0 / 40, rel=0.3)  # sigma C / N per coordinate
 
@@ -109,7 +109,7 @@ def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and
     assert [stage["name"] for stage in privacy["stages"]] == ["teacher", "statistics"]
     assert privacy["epsilon"] <= 2.0
     run = RunDirectory.open(public_run)
-    release = load_release(run.file("synthetic.npz"), dataset_from_config(run.config()).info)
+    release = load_release(run.file("release/synthetic.npz"), dataset_from_config(run.config()).info)
     assert release.soft_label_temperature == 4.0 and len(release) == 60
     state = torch.load(run.file("checkpoint.pt"), weights_only=True)["state"]
     teacher = group_norm_resnet(1, 10, [1, 1, 1, 1], [16, 32, 64, 128], 8)

@@ -47,16 +47,16 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     assert process.wait(timeout=300) == 0, process.stderr.read()
     printed = process.stdout.read()
     assert "FID " in printed and "[30 synthetic vs 30 real (train split)]" in printed and "accuracy  cnn" in printed
-    report = json.loads((run / "privacy.json").read_text())
+    report = json.loads((run / "release" / "privacy.json").read_text())
     assert report["epsilon"] <= 8.0 and report["target_epsilon"] == 8.0
     (stage,) = report["stages"]
     (part,) = stage["mechanisms"]
     assert stage["name"] == "dp-sgd" and part["steps"] == int(1 / (64 / 1437))
     assert PrivacyLedger.load(run / "ledger.json").events()[0].steps == part["steps"]
-    with np.load(run / "synthetic.npz") as release:
+    with np.load(run / "release" / "synthetic.npz") as release:
         assert release["images"].shape == (30, 1, 8, 8) and release["images"].dtype == np.uint8
         assert sorted(set(release["labels"].tolist())) == list(range(10))
-    assert (run / "samples.png").exists() and (run / "config.yaml").exists()
+    assert (run / "release" / "samples.png").exists() and (run / "config.yaml").exists()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["images"] == {"synthetic": 30, "real": 30, "real_split": "train",
                                  "inception": "uint8-gray3-bilinear299-div128m1-bf16"}
@@ -75,13 +75,14 @@ def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
     crash = dpsynth("dpdm", *TINY, out_dir=tmp_path / "crash")
     crash_dir = run_dir_of(crash)
     kill_after_recorded_steps(crash, crash_dir, 7, timeout=300)  # checkpoint at 5
-    assert not (crash_dir / "synthetic.npz").exists()
+    assert not (crash_dir / "release" / "synthetic.npz").exists()
 
     resumed = dpsynth("--resume", str(crash_dir), out_dir=tmp_path)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
-    assert json.loads((crash_dir / "privacy.json").read_text()) == json.loads((clean_dir / "privacy.json").read_text())
-    with np.load(crash_dir / "synthetic.npz") as a, np.load(clean_dir / "synthetic.npz") as b:
+    reports = [json.loads((run / "release" / "privacy.json").read_text()) for run in (crash_dir, clean_dir)]
+    assert reports[0] == reports[1]
+    with np.load(crash_dir / "release" / "synthetic.npz") as a, np.load(clean_dir / "release" / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])  # same state, same RNG: the same release
 
 

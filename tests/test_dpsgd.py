@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import secret_stream
 from torch import nn
 
 from dpsynth.diffusion import Diffusion
@@ -59,7 +60,7 @@ def test_noise_std_is_sigma_c_over_expected_batch_and_every_step_is_recorded():
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     settings = DpsgdSettings(noise_multiplier=3.0, clip=0.5, sample_rate=0.1, physical_batch_size=7)
     engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, settings, 200, ledger, "dp-sgd",
-                   torch.Generator().manual_seed(0))
+                   secret_stream())
     updates = []
     for _ in range(5):
         before = model.weight.detach().clone()
@@ -75,7 +76,7 @@ def test_clipped_signal_survives_without_noise_budget():
     model = Linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     engine = DPSGD(model, optimizer, lambda f, x: f(x), DpsgdSettings(1e-6, 1.0, 1.0, 64), 100, PrivacyLedger(),
-                   "dp-sgd", torch.Generator().manual_seed(0))
+                   "dp-sgd", secret_stream())
     engine.step(lambda idx: (torch.full((len(idx), 2000), 5.0),))
     # each example's gradient (all 5s) is clipped to norm 1: entries 1/sqrt(2000); mean over q N = 100
     assert torch.allclose(-model.weight.detach(), torch.full((2000,), 2000 ** -0.5), rtol=1e-3)
@@ -126,7 +127,7 @@ def test_a_non_private_step_adds_no_noise_and_is_recorded_as_such():
     model, ledger = Linear(), PrivacyLedger()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, DpsgdSettings(None, 0.5, 0.1), 200, ledger, "teacher",
-                   torch.Generator().manual_seed(0))
+                   secret_stream())
     engine.step(lambda idx: (torch.ones(len(idx), 2000),))
     engine.step(lambda idx: (torch.ones(len(idx), 2000),))
     assert torch.count_nonzero(model.weight) == 0

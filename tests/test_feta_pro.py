@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, warmup_step_logged
+from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, secret_stream, warmup_step_logged
 
 from dpsynth.api import resolve_config
 from dpsynth.data import ImageSet, load_dataset
@@ -43,7 +43,7 @@ def test_class_means_read_only_their_class_and_record_one_parallel_release(tmp_p
     rff = RandomFourierFeatures(16, 40, 2.0, seed=0)
     ledger = PrivacyLedger(tmp_path / "ledger.json")
     means = noisy_class_means(ImageSet(images, labels), 2, rff, FrequencyQuery(1e-9, 1e-9), ledger, "frequency",
-                              torch.Generator().manual_seed(0))
+                              secret_stream())
     assert torch.allclose(means[0], rff(images[:1])[0], atol=1e-5)
     assert torch.allclose(means[1], rff(images[-1:])[0], atol=1e-5)
     (event,) = ledger.events()
@@ -74,7 +74,7 @@ def test_the_auxiliary_generator_moves_its_features_toward_the_noisy_target(tmp_
     digits = load_dataset("digits", resolution=8, channels=1).train
     rff = RandomFourierFeatures(64, 400, 4.0, seed=0)
     targets = noisy_class_means(digits, 10, rff, FrequencyQuery(0.5, 1.0), PrivacyLedger(tmp_path / "l.json"),
-                                "frequency", torch.Generator().manual_seed(0))
+                                "frequency", secret_stream())
     torch.manual_seed(0)
     generator = ConditionalGenerator(1, 8, 8, 10, latent=8, width_base=16)
     losses = fit_generator(generator, targets, rff, GeneratorSettings(4, 40, 200, 0.01, 0.9), torch.device("cpu"),

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report
+from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report, secret_stream
 from diffusers import DDPMPipeline, DDPMScheduler
 from scipy.optimize import brentq
 from scipy.stats import norm
@@ -45,8 +45,8 @@ def test_mismatched_embeddings_are_config_errors():
 def test_histograms_get_gaussian_noise_then_the_threshold_and_one_ledger_entry():
     votes = [torch.tensor([0.0, 5.0, 40.0]), torch.tensor([12.0, 0.0])]
     ledger = PrivacyLedger()
-    noisy = dp_histograms(votes, 2.0, 4.0, ledger, "histograms", torch.Generator().manual_seed(3))
-    noise = torch.randn(5, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2.0
+    noisy = dp_histograms(votes, 2.0, 4.0, ledger, "histograms", secret_stream(3))
+    noise = secret_stream(3).normal(5) * 2.0
     expected = (torch.cat(votes) + noise - 4.0).clamp_min(0)
     assert torch.allclose(torch.cat(noisy), expected.float())
     assert [len(h) for h in noisy] == [3, 2]
@@ -145,7 +145,7 @@ def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_th
     assert sorted(p.name for p in (clean_dir / "iterations").iterdir()) == [f"iteration-00{t}.png" for t in range(4)]
     sizes = torch.load(clean_dir / "checkpoint.pt", weights_only=True)["state"]["sizes"]  # from noisy class counts
     assert sum(sizes) == 40 and min(sizes) >= 1
-    with np.load(clean_dir / "synthetic.npz") as release:
+    with np.load(clean_dir / "release" / "synthetic.npz") as release:
         assert release["images"].shape == (60, 1, 28, 28)
         assert np.bincount(release["labels"], minlength=10).tolist() == apportion(60, torch.tensor(sizes).double())
 
@@ -167,7 +167,7 @@ def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
                        "--set", "pe.population=20", "--set", "pe.iterations=1", "--set", "pe.lookahead=0",
                        "--set", "evaluation.enabled=false", "--set", "sampling.num_samples=30",
                        "--set", f"run.out_dir={tmp_path}")
-    with np.load(run / "synthetic.npz") as release:
+    with np.load(run / "release" / "synthetic.npz") as release:
         assert release["images"].shape == (30, 1, 28, 28)
 
 

@@ -163,17 +163,16 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
     if not path.exists():
         return RunDirectory.create(config, path.parent, path.name)
     run = RunDirectory.open(path)
-    differences = _differences(run.config(), config, drawn=("run.seed",) if config["run"]["seed"] is None else ())
+    differences = _differences(run.config(), config)
     if differences:
         raise ConfigError(f"{path / CONFIG}: this cell was started with another config ({'; '.join(differences)}); "
                           "rerun with the same options, or use another --out, or delete the cell's directory")
     return run
 
 
-def _differences(stored: Config, wanted: Config, shown: int = 3, drawn: tuple[str, ...] = ()) -> list[str]:
-    """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing), but for
-    the ``drawn`` keys (a secret seed the cell drew when it was created)."""
-    keys = sorted((set(flat_keys(stored)) | set(flat_keys(wanted))) - set(drawn))
+def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
+    """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing)."""
+    keys = sorted(set(flat_keys(stored)) | set(flat_keys(wanted)))
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items() if old != new]
     return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])

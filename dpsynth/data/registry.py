@@ -109,10 +109,12 @@ def load_dataset(
     split_seed: int = 0,
     resolution: int = 32,
     channels: int = 3,
+    num_classes: int | None = None,
 ) -> Dataset:
-    """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's)."""
+    """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's;
+    ``num_classes`` for an npz file without class names)."""
     source = get_source(name)
-    options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels)
+    options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes)
     raw = source.load(options)
     return split_dataset(
         name, raw,

@@ -32,6 +32,7 @@ class LoadOptions:
     data_dir: Path | None = None
     resolution: int = 32
     channels: int = 3
+    num_classes: int | None = None
 
 
 def _require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
@@ -225,7 +226,9 @@ def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:
 
 
 def load_npz(options: LoadOptions) -> RawDataset:
-    """Arrays ``images`` and ``labels`` (and optionally ``class_names``) from an .npz file."""
+    """Arrays ``images``, ``labels`` and ``class_names`` from an .npz file; without ``class_names`` the number of
+    classes must be given (``dataset.num_classes``): read from the labels, it would be a non-private fact of
+    the private data (removing the only record of the top class would change it)."""
     path = options.data_dir
     if path is None or not path.is_file():
         raise DataError(f"dataset 'npz': pass --data-dir FILE.npz holding arrays 'images' and 'labels' (got {path})")
@@ -243,7 +246,14 @@ def load_npz(options: LoadOptions) -> RawDataset:
     images = _npz_images(arrays["images"], path)
     if "class_names" in arrays:
         class_names = [str(name) for name in arrays["class_names"]]
+    elif options.num_classes is not None:
+        class_names = [str(c) for c in range(options.num_classes)]
     else:
-        class_names = [str(c) for c in range(int(labels.max()) + 1 if labels.size else 0)]
+        raise DataError(f"{path}: no 'class_names' array; add one, or give the number of classes with "
+                        "--set dataset.num_classes=K (it is not read from the labels: that would leak which "
+                        "classes the private records hold)")
+    if options.num_classes is not None and len(class_names) != options.num_classes:
+        raise DataError(f"{path}: 'class_names' names {len(class_names)} classes but dataset.num_classes is "
+                        f"{options.num_classes}")
     check_images_labels(images, labels.astype(np.int64), len(class_names), str(path))
     return RawDataset(images, labels.astype(np.int64), class_names, str(path))

@@ -12,11 +12,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers import DDPMPipeline, UNet2DModel
 from tqdm.auto import tqdm
 
 from ..data import ImageSet
+from ..data.fingerprints import FINGERPRINTS, fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
 from .ddpm import Diffusion
@@ -56,6 +58,7 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
     diffusion = Diffusion(prediction="epsilon")
     model = build_unet(channels, height, None, settings.block_channels).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    prints = fingerprints(data.images)
     model.train()
     for step in tqdm(range(1, settings.iterations + 1), desc="pretrain", dynamic_ncols=True):
         index = torch.randint(len(data), (settings.batch_size,), generator=generator)
@@ -65,15 +68,18 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
         loss.backward()
         optimizer.step()
         if step % settings.checkpoint_every == 0 or step == settings.iterations:
-            save_diffusers(model, diffusion, out, {"step": step, "loss": loss.item()})
+            save_diffusers(model, diffusion, out, {"step": step, "loss": loss.item()}, prints)
     return out
 
 
-def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: dict[str, float]) -> None:
-    """Write ``model`` and the DDPM scheduler as a DDPMPipeline directory, replacing ``out`` atomically."""
+def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: dict[str, float],
+                   training_fingerprints: np.ndarray) -> None:
+    """Write ``model`` and the DDPM scheduler as a DDPMPipeline directory, with the fingerprints of its
+    training images (so a run can check they are not its private data), replacing ``out`` atomically."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     DDPMPipeline(unet=model, scheduler=diffusion.train_scheduler).save_pretrained(partial)
     (partial / TRAINING_STATE).write_text(json.dumps(state))
+    np.save(partial / FINGERPRINTS, training_fingerprints)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)

@@ -7,7 +7,6 @@ then reports the noiseless argmax; we do not). Test accuracy is the measurement,
 """
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..data import ImageSet
 from ..models.classifiers import build_classifier
 from ..privacy import PrivacyLedger
 from ..privacy.mechanisms import report_noisy_max
+from ..privacy.randomness import SecretStream
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,8 @@ def downstream_accuracy(
 
     train_epochs(model, synthetic.images, targets, settings, device, generator, after_epoch, f"classifier {name}",
                  temperature)
-    secret = torch.Generator().manual_seed(secrets.randbits(62))  # a seeded (known) draw would void its epsilon
-    chosen = report_noisy_max(torch.tensor(val_correct), selection_epsilon, ledger, "model-selection", secret,
-                              budget="evaluation")
+    chosen = report_noisy_max(torch.tensor(val_correct), selection_epsilon, ledger, "model-selection",
+                              SecretStream.fresh(), budget="evaluation")  # a seeded draw would void its epsilon
     return {"test_accuracy": test_accuracy[chosen], "selected_epoch": chosen + 1, "epochs": settings.epochs,
             "last_epoch_test_accuracy": test_accuracy[-1], "selection_epsilon": selection_epsilon,
             "trained_on": len(synthetic), "soft_labels": soft_labels is not None,

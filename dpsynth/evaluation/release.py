@@ -1,6 +1,8 @@
 """Reading a synthetic release (``synthetic.npz``) back, checked against the dataset it imitates."""
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +12,9 @@ import torch
 from ..data import DatasetInfo, ImageSet
 from ..data.sources import LoadOptions, load_npz
 from ..errors import DataError
+from ..privacy import PrivacyLedger
+
+LEDGER_DIR_VARIABLE = "DPSYNTH_LEDGER_DIR"
 
 
 @dataclass(frozen=True)
@@ -30,17 +35,31 @@ class Release:
     def soft_label_tensor(self) -> torch.Tensor | None:
         return None if self.soft_labels is None else torch.from_numpy(self.soft_labels).float()
 
+    def digest(self) -> str:
+        """SHA-256 of the images, labels and soft labels: the same release has it in any file or format."""
+        digest = hashlib.sha256()
+        for array in (self.images, self.labels, self.soft_labels):
+            if array is not None:
+                digest.update(str(array.shape).encode() + np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
+
+
+def evaluation_ledger(release: Release) -> PrivacyLedger:
+    """The evaluation ledger of ``release`` (by its digest) under ``$DPSYNTH_LEDGER_DIR`` (default
+    ``~/.local/share/dpsynth/evaluation-ledgers``): model selection on the same private validation split
+    accumulates there across every evaluation of the release."""
+    root = Path(os.environ.get(LEDGER_DIR_VARIABLE) or Path.home() / ".local/share/dpsynth/evaluation-ledgers")
+    path = root / f"{release.digest()}.json"
+    return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
+
 
 def load_release(path: str | Path, info: DatasetInfo) -> Release:
     """The release in ``path``; DataError unless its images and labels fit ``info``'s shape and classes."""
     path = Path(path)
-    raw = load_npz(LoadOptions(data_dir=path))
+    raw = load_npz(LoadOptions(data_dir=path, num_classes=info.num_classes))
     if raw.images.shape[1:] != info.shape:
         raise DataError(f"{path}: images are {raw.images.shape[1:]} (C x H x W) but dataset {info.name!r} "
                         f"has {info.shape}; evaluate against the dataset the release imitates")
-    if int(raw.labels.max()) >= info.num_classes:
-        raise DataError(f"{path}: labels reach {int(raw.labels.max())} but {info.name!r} has "
-                        f"{info.num_classes} classes")
     with np.load(path, allow_pickle=False) as archive:
         soft = archive["soft_labels"].astype(np.float32) if "soft_labels" in archive.files else None
         temperature = float(archive["soft_label_temperature"]) if "soft_label_temperature" in archive.files else 1.0

@@ -20,6 +20,7 @@ from ..privacy import GaussianMechanism, PrivacyLedger
 from ..privacy.audit import Trial
 from ..privacy.dpsgd import DPSGD, DpsgdSettings
 from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from ..privacy.randomness import SecretStream
 from .dp_feta.central import CentralQuery, central_images
 from .dp_imgsyn.statistics import example_moments, private_statistics
 from .feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
@@ -51,13 +52,13 @@ def dpsgd_step() -> Trial:
     canary = torch.zeros(1, dimension)
     canary[0, 0] = 2 * clip
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         data = torch.cat([torch.zeros(RECORDS, dimension), canary]) if with_canary else torch.zeros(RECORDS, dimension)
         model = nn.Linear(dimension, 1, bias=False)
         nn.init.zeros_(model.weight)
         engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
                        lambda forward, x: forward(x.unsqueeze(0)).sum(), DpsgdSettings(SIGMA, clip, 1.0, 64),
-                       len(data), ledger, STAGE, generator)
+                       len(data), ledger, STAGE, noise)
         engine.step(lambda indices: (data[indices],))
         return -float(model.weight.detach()[0, 0]) * len(data)
 
@@ -72,9 +73,9 @@ def mean_images() -> Trial:
     query = CentralQuery("mean", 1, 1.0, SIGMA, float(canary.norm()), 2, COUNT_NOISE)
     contrast = canary * 2 - 1
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         images = torch.cat([_images(0.5, RECORDS), canary]) if with_canary else _images(0.5, RECORDS)
-        released = central_images(_labelled(images), 1, query, ledger, STAGE, generator).images[0]
+        released = central_images(_labelled(images), 1, query, ledger, STAGE, noise).images[0]
         return float((released * contrast).sum()) * RECORDS
 
     return trial
@@ -86,9 +87,9 @@ def mode_images() -> Trial:
     query = CentralQuery("mode", 1, 1.0, SIGMA, 1.0, 2, COUNT_NOISE)
     canary = _images(0.9, 1)
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         images = canary if with_canary else _images(0.9, 0)
-        released = central_images(_labelled(images), 1, query, ledger, STAGE, generator).images[0]
+        released = central_images(_labelled(images), 1, query, ledger, STAGE, noise).images[0]
         return float((released > 0.5).sum())
 
     return trial
@@ -104,9 +105,9 @@ def frequency_features() -> Trial:
     direction = direction / direction.norm()
     query = FrequencyQuery(SIGMA, COUNT_NOISE)
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         images = torch.cat([_images(0.5, RECORDS), canary]) if with_canary else _images(0.5, RECORDS)
-        means = noisy_class_means(_labelled(images), 1, rff, query, ledger, STAGE, generator)
+        means = noisy_class_means(_labelled(images), 1, rff, query, ledger, STAGE, noise)
         return float(means[0] @ direction) * RECORDS
 
     return trial
@@ -118,10 +119,10 @@ def pe_histogram() -> Trial:
     synthetic = torch.tensor([[0.0, 0.0], [10.0, 0.0]])
     private = synthetic[1].repeat(RECORDS, 1)
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         embeddings = torch.cat([private, synthetic[:1]]) if with_canary else private
         votes = nearest_neighbour_votes(embeddings, synthetic)
-        return float(dp_histograms([votes], SIGMA, 0.0, ledger, STAGE, generator)[0][0])
+        return float(dp_histograms([votes], SIGMA, 0.0, ledger, STAGE, noise)[0][0])
 
     return trial
 
@@ -139,9 +140,9 @@ def groupnorm_statistics() -> Trial:
     clip = float(moments.norm()) / 2
     direction = moments / moments.norm()
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         data = torch.cat([images, canary]) if with_canary else images
-        statistics = private_statistics(model, data, clip, SIGMA, 64, torch.device("cpu"), ledger, STAGE, generator)
+        statistics = private_statistics(model, data, clip, SIGMA, 64, torch.device("cpu"), ledger, STAGE, noise)
         parts = [torch.cat([mean, variance + mean.pow(2)])
                  for mean, variance in zip(statistics.means, statistics.variances, strict=True)]
         return float(torch.cat(parts).double() @ direction.double()) * len(data)
@@ -154,30 +155,30 @@ def report_noisy_max_selection() -> Trial:
     the score is whether candidate 0 was selected."""
     candidates = 100
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         counts = torch.zeros(candidates)
         counts[0] += float(with_canary)
-        return float(report_noisy_max(counts, 1.0, ledger, STAGE, generator) == 0)
+        return float(report_noisy_max(counts, 1.0, ledger, STAGE, noise) == 0)
 
     return trial
 
 
 def broken_gaussian_sum(values: torch.Tensor, clip: float, noise_multiplier: float, ledger: PrivacyLedger,
-                        generator: torch.Generator) -> torch.Tensor:
+                        noise: SecretStream) -> torch.Tensor:
     """WRONG ON PURPOSE: the sum of clipped rows with the noise divided by the number of rows (the bug of
     treating a sum as a mean), while the ledger records the intended Gaussian mechanism."""
     ledger.record(STAGE, GaussianMechanism(noise_multiplier))
     total = clip_rows(values, clip).sum(dim=0)
-    return total + gaussian_noise(total.shape, noise_multiplier * clip / len(values), generator, total)
+    return total + gaussian_noise(total.shape, noise_multiplier * clip / len(values), noise, total)
 
 
 def broken_sum() -> Trial:
     """The broken copy, audited like the DP-SGD step: zero rows, a canary at the clipping norm."""
     canary = torch.tensor([[1.0, 0.0]])
 
-    def trial(with_canary: bool, ledger: PrivacyLedger, generator: torch.Generator) -> float:
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         rows = torch.cat([torch.zeros(RECORDS, 2), canary]) if with_canary else torch.zeros(RECORDS, 2)
-        return float(broken_gaussian_sum(rows, 1.0, SIGMA, ledger, generator)[0])
+        return float(broken_gaussian_sum(rows, 1.0, SIGMA, ledger, noise)[0])
 
     return trial
 

@@ -6,17 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 
 from ..config import Config
 from ..data import Dataset, DatasetInfo, ImageSet
 from ..distributed import World
-from ..errors import ConfigError
-from ..privacy import Accountant, Event, PlannedStage, PrivacyLedger
+from ..errors import ConfigError, PrivacyError
+from ..privacy import Accountant, Event, NonPrivateAccess, PlannedStage, PrivacyLedger
+from ..privacy.randomness import SecretStream
 from ..runs import RunDirectory
 from ..utils.progress import PrivacyProgress
 
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 @dataclass
@@ -27,10 +30,12 @@ class RunContext:
     checkpoint's state on resume (None on a fresh run); ``checkpoint(state)`` saves one together with
     the ledger that covers it.
 
-    ``generator`` is shared: on several processes (``world``) every rank makes the same draws from it
-    (samples, noise). ``example_generator`` draws per-example randomness (diffusion times and noise) for
-    the examples this rank processes: the shared generator itself on one process, a per-rank one
-    otherwise. Only rank 0 writes checkpoints, logs and metrics.
+    ``noise`` is the secret stream every DP draw (Poisson samples, noise) comes from; ``generator`` draws
+    the training randomness (batches of public data, augmentation), from its own secret. Both are shared:
+    on several processes (``world``) every rank makes the same draws from them. ``example_generator``
+    draws per-example randomness (diffusion times and noise) for the examples this rank processes: the
+    shared generator itself on one process, a per-rank one otherwise. Checkpoints carry both streams'
+    states (:meth:`random_state`). Only rank 0 writes checkpoints, logs and metrics.
     """
 
     dataset: Dataset
@@ -41,13 +46,34 @@ class RunContext:
     delta: float
     device: torch.device
     generator: torch.Generator
+    noise: SecretStream
     state: dict[str, Any] | None = None
     world: World = field(default_factory=World)
+    allow_non_private: bool = False
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
         if self.example_generator is None:
             self.example_generator = self.generator if self.world.size == 1 else torch.Generator()
+
+    def planned_event(self, stage: str, *kinds: type[E]) -> E:
+        """The one planned event of ``stage``; PrivacyError unless it is of one of the ``kinds`` the method
+        expects (a non-private one only where the run allows it)."""
+        events = self.plan.get(stage, [])
+        allowed = tuple(k for k in kinds if k is not NonPrivateAccess or self.allow_non_private)
+        if len(events) != 1 or not isinstance(events[0], allowed):
+            raise PrivacyError(f"the privacy plan gives stage {stage!r} {events}, not one "
+                               f"{' or '.join(k.__name__ for k in allowed)}; stopped before it ran")
+        return events[0]  # type: ignore[return-value]
+
+    def random_state(self) -> dict[str, Any]:
+        """The shared streams' states, for a checkpoint (private: it holds the noise stream's key)."""
+        return {"noise": self.noise.get_state(), "generator": self.generator.get_state()}
+
+    def restore_random(self, state: dict[str, Any]) -> None:
+        """Continue both shared streams from a checkpoint's :meth:`random_state`."""
+        self.noise.set_state(state["noise"])
+        self.generator.set_state(state["generator"])
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         if self.world.is_main:
@@ -67,18 +93,18 @@ class RunContext:
             self.run.report_method_metric(name, value)
 
     def on_main(self, compute: Callable[[], T]) -> T:
-        """``compute()`` on rank 0 alone; its result, the ledger and the shared generator's state follow on
+        """``compute()`` on rank 0 alone; its result, the ledger and the shared streams' states follow on
         every rank. For stages that run once (a warm-up's mechanisms, sampling a teacher); ``compute`` must
         not call collectives."""
         if self.world.size == 1:
             return compute()
-        sent = (compute(), self.ledger.to_dict(), self.generator.get_state()) if self.world.is_main else None
+        sent = (compute(), self.ledger.to_dict(), self.random_state()) if self.world.is_main else None
         received = self.world.broadcast_object(sent)
         assert received is not None
         result, ledger, rng = received
         if not self.world.is_main:
             self.ledger.mirror(PrivacyLedger.from_dict(ledger))
-            self.generator.set_state(rng)
+            self.restore_random(rng)
         return result  # type: ignore[return-value]
 
     def private_shard(self) -> ImageSet:
@@ -123,6 +149,11 @@ class Method(ABC):
     @abstractmethod
     def fit(self, context: RunContext) -> None:
         """Learn from the private training split, recording every mechanism in ``context.ledger``."""
+
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        """Fingerprints (:mod:`dpsynth.data.fingerprints`) of each public image set the method reads, named for
+        an error message; checked against every private split before a run starts. None by default."""
+        return {}
 
     def soft_label_temperature(self) -> float:
         """The temperature of the soft labels ``generate`` returns (when it returns any)."""

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
 from ..models import build_unet
-from ..privacy import DpsgdSchedule, PlannedStage, SubsampledGaussianMechanism
+from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from .base import Method, Release, RunContext, register
 from .training import MakeBatch, PrivateTraining, dpsgd_schedule
@@ -87,7 +87,7 @@ class DPDM(Method):
                        **hooks: Any) -> EMA:
         """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA;
         ends with the EMA weights. ``hooks``: PrivateTraining's ``extra_state`` and ``after_step``."""
-        (event,) = context.plan[stage]
+        event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
         schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], len(context.dataset.train))

@@ -54,10 +54,11 @@ class PrivateTraining:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.ema is not None:
                 self.ema.load_state_dict(state["ema"])
-            context.generator.set_state(state["rng"])
+            context.restore_random(state["rng"])
             step = state["step"]
         engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
-                       context.ledger, self.stage, context.generator, context.world, context.example_generator)
+                       context.ledger, self.stage, context.noise, context.world, context.generator,
+                       context.example_generator)
         progress = context.progress(self.steps, self.stage, initial=step)
         while step < self.steps:
             stats = engine.step(make_batch)
@@ -75,5 +76,5 @@ class PrivateTraining:
     def _state(self, step: int, context: RunContext) -> dict[str, Any]:
         ema = {"ema": self.ema.state_dict()} if self.ema is not None else {}
         return {"phase": self.stage, "step": step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), **ema, "rng": context.generator.get_state(),
+                "optimizer": self.optimizer.state_dict(), **ema, "rng": context.random_state(),
                 **self.extra_state()}

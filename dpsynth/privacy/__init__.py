@@ -10,12 +10,12 @@ from .events import (
     SubsampledGaussianMechanism,
 )
 from .ledger import PrivacyLedger
-from .planning import DpsgdSchedule, PlannedStage, plan_budget
+from .planning import DpsgdSchedule, PlannedStage, check_within_plan, plan_budget
 from .report import budget_report, ledger_report, non_private_stages
 
 __all__ = [
     "ACCOUNTANTS", "Accountant", "DpsgdSchedule", "Event", "GaussianMechanism", "LaplaceMechanism",
     "NonPrivateAccess", "ParallelComposition", "PlannedStage", "PrivacyLedger", "ReportNoisyMax",
     "SubsampledGaussianMechanism",
-    "budget_report", "default_delta", "ledger_report", "non_private_stages", "plan_budget",
+    "budget_report", "check_within_plan", "default_delta", "ledger_report", "non_private_stages", "plan_budget",
 ]

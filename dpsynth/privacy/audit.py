@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from scipy.stats import beta
 
 from ..errors import ConfigError
 from .accountant import Accountant
 from .ledger import PrivacyLedger
+from .randomness import SecretStream, derived_key
 
-# score(with_canary, ledger, generator): one run of the mechanism, reduced to the distinguisher's score
-Trial = Callable[[bool, PrivacyLedger, torch.Generator], float]
+# score(with_canary, ledger, noise): one run of the mechanism, reduced to the distinguisher's score
+Trial = Callable[[bool, PrivacyLedger, SecretStream], float]
 CONFIDENCE = 0.95
 _THRESHOLDS = 200
 
@@ -85,11 +85,11 @@ def run_audit(name: str, trial: Trial, trials: int, delta: float, seed: int = 0)
     ledger (what the mechanism recorded), at ``delta``."""
     if trials < 100:
         raise ConfigError(f"an audit needs at least 100 trials, got {trials}")
-    start, generator = time.perf_counter(), torch.Generator().manual_seed(seed)
+    start, noise = time.perf_counter(), SecretStream(derived_key(seed, "audit"))  # an audit may be seeded
     ledger = PrivacyLedger()
-    trial(False, ledger, generator)
+    trial(False, ledger, noise)
     claimed = Accountant("pld").epsilon(ledger.events(), delta) if ledger.events() else 0.0
-    scores = {canary: np.array([trial(canary, PrivacyLedger(), generator) for _ in range(trials)])
+    scores = {canary: np.array([trial(canary, PrivacyLedger(), noise) for _ in range(trials)])
               for canary in (False, True)}
     return AuditResult(name, claimed, lower_bound(scores[False], scores[True], delta), delta, trials,
                        time.perf_counter() - start)

@@ -6,8 +6,8 @@ N(0, (sigma C)^2) once, divides by the *expected* batch size q N and hands the r
 The step is recorded in the ledger before the noisy gradient is used.
 
 On several processes (:class:`~dpsynth.distributed.World`) every rank draws the same Poisson sample from
-the shared generator and processes the sampled examples whose index is its rank modulo the world size;
-the clipped sums are all-reduced, then every rank adds the same noise draw of the shared generator to
+the shared secret stream and processes the sampled examples whose index is its rank modulo the world size;
+the clipped sums are all-reduced, then every rank adds the same noise draw of the shared stream to
 its copy of the global sum. Each example is sampled with probability q and its clipped gradient enters
 the sum once, and the sum gets N(0, (sigma C)^2) once: the single-process mechanism, step for step.
 """
@@ -25,6 +25,7 @@ from ..distributed import World
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 from .mechanisms import gaussian_noise, poisson_sample
+from .randomness import SecretStream
 
 Params = dict[str, torch.Tensor]
 # loss(model, params, buffers, *example_tensors) for ONE example (tensors without the batch dimension)
@@ -58,10 +59,19 @@ def per_example_gradients(
 
 
 def clipped_sum(grads: Params, clip: float) -> tuple[Params, torch.Tensor]:
-    """Sum over examples of each example's gradient scaled to L2 norm <= clip; also the unclipped norms."""
+    """Sum over examples of each example's gradient scaled to L2 norm <= clip; also the unclipped norms.
+
+    An example whose gradient is not finite (a bf16 overflow, a pathological input) gets factor 0: it
+    contributes nothing, instead of turning the whole sum into NaN. Its norm is returned as it was."""
     norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
-    factors = (clip / (norms + 1e-12)).clamp(max=1.0)
-    return {name: torch.einsum("b,b...->...", factors, g) for name, g in grads.items()}, norms
+    finite = torch.isfinite(norms)
+    factors = torch.where(finite, (clip / (norms + 1e-12)).clamp(max=1.0), torch.zeros_like(norms))
+    return {name: torch.einsum("b,b...->...", factors, torch.where(_rows(finite, g), g, 0.0))
+            for name, g in grads.items()}, norms
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(-1, *([1] * (like.dim() - 1)))
 
 
 class _ClipGradient(torch.autograd.Function):
@@ -98,30 +108,34 @@ class DPSGD:
 
     ``make_batch(indices)`` returns the per-example tensors (data and any per-example randomness, e.g.
     diffusion times and noise, drawn from ``example_generator``) for the sampled indices; ``loss`` maps
-    one example to a scalar. ``generator`` draws the samples and the noise; on several processes it must
-    be in the same state on every rank, and ``example_generator`` is reseeded from it every step.
+    one example to a scalar. ``noise`` (the secret stream) draws the Poisson samples and the Gaussian
+    noise; on several processes it must be in the same state on every rank, as must ``generator`` (the
+    shared training generator), from which ``example_generator`` is reseeded every step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss,
                  settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
-                 generator: torch.Generator, world: World | None = None,
+                 noise: SecretStream, world: World | None = None, generator: torch.Generator | None = None,
                  example_generator: torch.Generator | None = None) -> None:
         self.model, self.optimizer, self.loss, self.settings = model, optimizer, loss, settings
-        self.num_records, self.ledger, self.stage, self.generator = num_records, ledger, stage, generator
+        self.num_records, self.ledger, self.stage, self.noise = num_records, ledger, stage, noise
         self.world = world or World()
-        self.example_generator = example_generator or generator
+        self.generator, self.example_generator = generator, example_generator or generator
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
 
     def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
-        """One DP-SGD step; returns the sampled batch size and the mean unclipped gradient norm."""
+        """One DP-SGD step; returns the sampled batch size, the mean unclipped gradient norm (both private
+        diagnostics) and the number of examples dropped for a non-finite gradient."""
         s = self.settings
         clip = s.clip if s.noise_multiplier is not None else math.inf
-        indices = poisson_sample(self.num_records, s.sample_rate, self.generator)
-        self.world.seed_examples(self.example_generator, self.generator)
+        indices = poisson_sample(self.num_records, s.sample_rate, self.noise)
+        if self.generator is not None and self.example_generator is not None:
+            self.world.seed_examples(self.example_generator, self.generator)
         detached = {n: p.detach() for n, p in self.params.items()}
         buffers = {n: b.detach() for n, b in self.model.named_buffers()}
         total = {n: torch.zeros_like(p) for n, p in detached.items()}
         norm_sum = torch.zeros((), dtype=torch.float64, device=next(iter(detached.values())).device)
+        dropped = torch.zeros_like(norm_sum)
         device_type = norm_sum.device.type
         for chunk in self.world.own(indices).split(s.physical_batch_size):
             with torch.autocast(device_type, dtype=torch.bfloat16, enabled=s.bf16):
@@ -129,20 +143,24 @@ class DPSGD:
             summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, clip)
             for name in total:
                 total[name] += summed[name]
-            norm_sum += norms.double().sum()
-        self.world.all_reduce_sum([*total.values(), norm_sum])
+            finite = torch.isfinite(norms)
+            norm_sum += norms[finite].double().sum()
+            dropped += (~finite).sum().double()
+        self.world.all_reduce_sum([*total.values(), norm_sum, dropped])
         if s.noise_multiplier is None:
             self.ledger.record(self.stage, NonPrivateAccess())
         else:
             self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
             for name, param in self.params.items():
-                total[name] += gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.generator, param)
+                total[name] += gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.noise, param)
         expected = s.sample_rate * self.num_records
         for name, param in self.params.items():
             param.grad = total[name] / expected
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"batch": float(len(indices)), "grad_norm": float(norm_sum) / max(1, len(indices))}
+        kept = len(indices) - int(dropped)
+        return {"batch": float(len(indices)), "grad_norm": float(norm_sum) / max(1, kept),
+                "nonfinite_dropped": float(dropped)}
 
 
 class EMA:

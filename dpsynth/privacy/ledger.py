@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,16 +38,22 @@ class PrivacyLedger:
     def __init__(self, path: str | Path | None = None, entries: list[LedgerEntry] | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self._entries: list[LedgerEntry] = list(entries or [])
+        self.check: Callable[[dict[str, list[Event]]], None] | None = None
 
     def record(self, stage: str, event: Event, budget: str = "synthesis") -> None:
-        """Append that ``stage`` ran ``event`` on private data, and save."""
+        """Append that ``stage`` ran ``event`` on private data, and save. A synthesis entry is first shown to
+        ``check`` (the run's plan check) as the synthesis stages would then stand: if it raises, nothing runs."""
         entry = LedgerEntry(stage, event, budget)
-        if self._entries and (self._entries[-1].stage, self._entries[-1].budget) == (stage, budget):
-            merged = self._entries[-1].event.merged(event)
+        entries = list(self._entries)
+        if entries and (entries[-1].stage, entries[-1].budget) == (stage, budget):
+            merged = entries[-1].event.merged(event)
             if merged is not None:
                 entry = replace(entry, event=merged)
-                self._entries.pop()
-        self._entries.append(entry)
+                entries.pop()
+        entries.append(entry)
+        if self.check is not None and budget == "synthesis":
+            self.check(_grouped(entries, budget))
+        self._entries = entries
         self.save()
 
     def mirror(self, other: PrivacyLedger) -> None:
@@ -70,11 +76,7 @@ class PrivacyLedger:
 
     def stages(self, budget: str = "synthesis") -> dict[str, list[Event]]:
         """Events charged to ``budget``, grouped by stage in order of first appearance."""
-        grouped: dict[str, list[Event]] = {}
-        for entry in self._entries:
-            if entry.budget == budget:
-                grouped.setdefault(entry.stage, []).append(entry.event)
-        return grouped
+        return _grouped(self._entries, budget)
 
     def to_dict(self) -> dict[str, Any]:
         entries = [{"stage": e.stage, "budget": e.budget, "event": event_to_dict(e.event)} for e in self._entries]
@@ -106,3 +108,11 @@ class PrivacyLedger:
         except json.JSONDecodeError as exc:
             raise PrivacyError(f"{path}: privacy ledger is not valid JSON ({exc})") from None
         return cls.from_dict(data, path)
+
+
+def _grouped(entries: list[LedgerEntry], budget: str) -> dict[str, list[Event]]:
+    grouped: dict[str, list[Event]] = {}
+    for entry in entries:
+        if entry.budget == budget:
+            grouped.setdefault(entry.stage, []).append(entry.event)
+    return grouped

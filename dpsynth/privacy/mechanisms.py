@@ -1,4 +1,7 @@
-"""Noise-adding mechanisms on private data; each records itself in the ledger before its output is used."""
+"""Noise-adding mechanisms on private data; each records itself in the ledger before its output is used.
+
+Every draw (Poisson samples and noise) comes from a :class:`~dpsynth.privacy.randomness.SecretStream`.
+"""
 from __future__ import annotations
 
 import torch
@@ -6,11 +9,13 @@ import torch
 from ..errors import PrivacyError
 from .events import GaussianMechanism, ReportNoisyMax, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
+from .randomness import SecretStream
 
 
-def poisson_sample(num_records: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of a Poisson sample: each record is included independently with probability ``sample_rate``."""
-    return torch.nonzero(torch.rand(num_records, generator=generator) < sample_rate).flatten()
+def poisson_sample(num_records: int, sample_rate: float, noise: SecretStream) -> torch.Tensor:
+    """Indices of a Poisson sample: each record is included independently with probability ``sample_rate``
+    (float64 uniforms: the inclusion probability is the recorded rate, not its float32 rounding)."""
+    return torch.nonzero(noise.uniform(num_records) < sample_rate).flatten()
 
 
 def clip_rows(records: torch.Tensor, clip: float) -> torch.Tensor:
@@ -22,9 +27,9 @@ def clip_rows(records: torch.Tensor, clip: float) -> torch.Tensor:
     return (flat * (clip / norms.clamp_min(clip))).reshape(records.shape)
 
 
-def gaussian_noise(shape: torch.Size, std: float, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    """N(0, std^2) noise of ``shape`` drawn on the CPU generator, moved to ``like``'s device and dtype."""
-    return (torch.randn(shape, generator=generator, dtype=torch.float64) * std).to(like.device, like.dtype)
+def gaussian_noise(shape: torch.Size, std: float, noise: SecretStream, like: torch.Tensor) -> torch.Tensor:
+    """N(0, std^2) noise of ``shape`` from the secret stream, moved to ``like``'s device and dtype."""
+    return (noise.normal(shape) * std).to(like.device, like.dtype)
 
 
 def release_gaussian(
@@ -33,11 +38,11 @@ def release_gaussian(
     noise_multiplier: float,
     ledger: PrivacyLedger,
     stage: str,
-    generator: torch.Generator,
+    noise: SecretStream,
 ) -> torch.Tensor:
     """``value`` plus Gaussian noise of std noise_multiplier x l2_sensitivity (recorded in ``ledger``)."""
     ledger.record(stage, GaussianMechanism(noise_multiplier))
-    return value + gaussian_noise(value.shape, noise_multiplier * l2_sensitivity, generator, value)
+    return value + gaussian_noise(value.shape, noise_multiplier * l2_sensitivity, noise, value)
 
 
 def release_subsampled_mean(
@@ -47,7 +52,7 @@ def release_subsampled_mean(
     noise_multiplier: float,
     ledger: PrivacyLedger,
     stage: str,
-    generator: torch.Generator,
+    noise: SecretStream,
 ) -> torch.Tensor:
     """Noisy mean of a Poisson sample of ``records``, each clipped to L2 norm ``clip``.
 
@@ -55,8 +60,8 @@ def release_subsampled_mean(
     to it, then it is divided by the *expected* sample size q N (a public number, so post-processing).
     """
     ledger.record(stage, SubsampledGaussianMechanism(noise_multiplier, sample_rate, 1))
-    chosen = clip_rows(records[poisson_sample(records.shape[0], sample_rate, generator)], clip)
-    total = chosen.sum(dim=0) + gaussian_noise(records.shape[1:], noise_multiplier * clip, generator, records)
+    chosen = clip_rows(records[poisson_sample(records.shape[0], sample_rate, noise)], clip)
+    total = chosen.sum(dim=0) + gaussian_noise(records.shape[1:], noise_multiplier * clip, noise, records)
     return total / (sample_rate * records.shape[0])
 
 
@@ -65,7 +70,7 @@ def report_noisy_max(
     epsilon: float,
     ledger: PrivacyLedger,
     stage: str,
-    generator: torch.Generator,
+    noise: SecretStream,
     budget: str = "synthesis",
 ) -> int:
     """Index of the largest of ``counts`` + Laplace(1 / epsilon) noise: epsilon-DP for monotone counts.
@@ -76,6 +81,6 @@ def report_noisy_max(
     if not epsilon > 0:
         raise PrivacyError(f"Report Noisy Max needs a positive epsilon, got {epsilon}")
     ledger.record(stage, ReportNoisyMax(1.0 / epsilon), budget)
-    exponentials = torch.empty((2, *counts.shape), dtype=torch.float64).exponential_(generator=generator)
+    exponentials = noise.exponential((2, *counts.shape))
     laplace = (exponentials[0] - exponentials[1]) / epsilon  # a difference of Exp(1)s is Laplace(1)
     return int(torch.argmax(counts.double().cpu() + laplace))

@@ -1,8 +1,8 @@
 """Budget planning: fixed-noise stages, then one stage whose noise is calibrated to meet the target."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from ..errors import PrivacyError
 from .accountant import Accountant
@@ -71,3 +71,33 @@ class DpsgdSchedule:
 
     def event(self, noise_multiplier: float) -> SubsampledGaussianMechanism:
         return SubsampledGaussianMechanism(noise_multiplier, self.sample_rate, self.steps)
+
+
+def check_within_plan(recorded: Mapping[str, Sequence[Event]], plan: Mapping[str, Sequence[Event]],
+                      allow_non_private: bool, complete: bool = False) -> None:
+    """PrivacyError unless every recorded stage is planned and its events are a beginning of the planned ones
+    (same mechanisms and noise, no more steps), so the epsilon spent stays within the plan's; a stage that
+    used the data without noise needs ``allow_non_private``. ``complete``: every planned event has run."""
+    for stage, events in recorded.items():
+        if stage not in plan:
+            raise PrivacyError(f"stage {stage!r} ran a mechanism the privacy plan does not hold "
+                               f"(planned stages: {', '.join(plan) or 'none'}); nothing is released")
+        if any(isinstance(event, NonPrivateAccess) for event in events) and not allow_non_private:
+            raise PrivacyError(f"stage {stage!r} used the private data without noise, and run.allow_non_private "
+                               "is off; stopped")
+        if not _begins(events, plan[stage]):
+            raise PrivacyError(f"stage {stage!r} ran {list(events)}, beyond its plan {list(plan[stage])}; stopped")
+    unfinished = [stage for stage, events in plan.items() if list(recorded.get(stage, [])) != list(events)]
+    if complete and unfinished:
+        raise PrivacyError(f"stage(s) {', '.join(unfinished)} did not run as planned; nothing is released")
+
+
+def _begins(events: Sequence[Event], planned: Sequence[Event]) -> bool:
+    """``events`` are ``planned`` up to a point, the last of them possibly with fewer repetitions."""
+    if not events or len(events) > len(planned) or list(events[:-1]) != list(planned[:len(events) - 1]):
+        return not events
+    last, target = events[-1], planned[len(events) - 1]
+    repeats = next((name for name in ("steps", "count") if hasattr(target, name)), None)
+    return last == target or (repeats is not None and type(last) is type(target)
+                              and getattr(last, repeats) <= getattr(target, repeats)
+                              and replace(last, **{repeats: getattr(target, repeats)}) == target)

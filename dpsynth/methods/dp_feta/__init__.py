@@ -111,21 +111,21 @@ class DPFETA(DPDM):
         if "model" in state:
             model.load_state_dict(state["model"])
         if "rng" in state:
-            context.generator.set_state(state["rng"])
+            context.restore_random(state["rng"])
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
 
     def _checkpoint(self, context: RunContext, phase: str, step: int, **training: Any) -> None:
         """Checkpoint at ``step`` of ``phase`` with every released artefact so far and both RNGs."""
         context.checkpoint({"phase": phase, "step": step, **self._released, **training,
-                            "rng": context.generator.get_state(), "torch_rng": torch.get_rng_state()})
+                            "rng": context.random_state(), "torch_rng": torch.get_rng_state()})
 
     def _released_central(self, context: RunContext) -> ImageSet:
         """The central images: restored, or queried (recorded first) and checkpointed; saves their grid."""
         info = context.dataset.info
         if "central_images" not in self._released:
             central = central_images(context.dataset.train, info.num_classes, self._query(info), context.ledger,
-                                     "central-images", context.generator)
+                                     "central-images", context.noise)
             self._released.update(central_images=central.images, central_labels=central.labels)
             self._checkpoint(context, self.warmup_phases()[0], 0)
         central = ImageSet(self._released["central_images"], self._released["central_labels"])

@@ -27,6 +27,7 @@ from ...errors import ConfigError
 from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
 from ...privacy.events import SimpleEvent
 from ...privacy.mechanisms import clip_rows, gaussian_noise, poisson_sample
+from ...privacy.randomness import SecretStream
 
 KINDS = ("mean", "mode")
 
@@ -77,13 +78,13 @@ def pooled(images: torch.Tensor, factor: int) -> torch.Tensor:
     return F.avg_pool2d(images, factor) if factor > 1 else images
 
 
-def mean_image(images: torch.Tensor, query: CentralQuery, size: float, generator: torch.Generator) -> torch.Tensor:
+def mean_image(images: torch.Tensor, query: CentralQuery, size: float, noise: SecretStream) -> torch.Tensor:
     """One noisy mean (Alg. 1) at 1/f resolution: clipped sum of a Poisson sample plus N(0, (sigma C / f)^2),
     over q * size."""
     clip = query.clip / query.downsample
-    small = pooled(images[poisson_sample(len(images), query.sample_rate, generator)], query.downsample)
+    small = pooled(images[poisson_sample(len(images), query.sample_rate, noise)], query.downsample)
     total = clip_rows(small, clip).sum(dim=0)
-    total = total + gaussian_noise(total.shape, query.noise * clip, generator, total)
+    total = total + gaussian_noise(total.shape, query.noise * clip, noise, total)
     return (total / (query.sample_rate * size)).clamp(0, 1)
 
 
@@ -93,17 +94,17 @@ def pixel_histogram(images: torch.Tensor, bins: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(index, bins).sum(dim=0)
 
 
-def mode_image(images: torch.Tensor, query: CentralQuery, generator: torch.Generator) -> torch.Tensor:
+def mode_image(images: torch.Tensor, query: CentralQuery, noise: SecretStream) -> torch.Tensor:
     """One noisy mode image (Alg. 2) at 1/f resolution: per-pixel histogram plus N(0, sigma^2 P), centre of
     the noisy argmax bin.
 
     Adding or removing one image changes one bin of every one of the P pooled pixels by 1: L2 sensitivity
     sqrt(P).
     """
-    small = pooled(images[poisson_sample(len(images), query.sample_rate, generator)], query.downsample)
+    small = pooled(images[poisson_sample(len(images), query.sample_rate, noise)], query.downsample)
     histogram = pixel_histogram(small, query.bins)
     pixels = histogram.shape[0]
-    noisy = histogram.double() + gaussian_noise(histogram.shape, query.noise * pixels ** 0.5, generator,
+    noisy = histogram.double() + gaussian_noise(histogram.shape, query.noise * pixels ** 0.5, noise,
                                                 histogram.double())
     return ((noisy.argmax(dim=1).float() + 0.5) / query.bins).reshape(small.shape[1:])
 
@@ -121,18 +122,18 @@ def restored(images: torch.Tensor, size: tuple[int, int], denoise: bool) -> torc
 
 
 def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledger: PrivacyLedger, stage: str,
-                   generator: torch.Generator) -> ImageSet:
+                   noise: SecretStream) -> ImageSet:
     """``query.count`` central images per class, labelled; the queries are recorded before they run."""
     ledger.record(stage, query.event(num_classes))
     images, labels = [], []
     for label in range(num_classes):
         members = train.images[train.labels == label]
         if query.kind == "mean":
-            size = max(1.0, len(members) + float(torch.randn((), generator=generator, dtype=torch.float64))
+            size = max(1.0, len(members) + float(noise.normal(()))
                        * query.count_noise)
-            images += [mean_image(members, query, size, generator) for _ in range(query.count)]
+            images += [mean_image(members, query, size, noise) for _ in range(query.count)]
         else:
-            images += [mode_image(members, query, generator) for _ in range(query.count)]
+            images += [mode_image(members, query, noise) for _ in range(query.count)]
         labels += [label] * query.count
     height, width = train.images.shape[-2:]
     full = restored(torch.stack(images), (height, width), query.denoise)

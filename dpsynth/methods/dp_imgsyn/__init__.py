@@ -15,12 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import kornia
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ...config import choice_setting, positive_setting
-from ...data import Dataset, DatasetInfo, load_dataset
+from ...data import DatasetInfo, load_dataset
+from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
@@ -84,7 +86,7 @@ class DPImgSyn(Method):
 
     def fit(self, context: RunContext) -> None:
         info, device = context.dataset.info, context.device
-        public = self._public_images(context.dataset) if self.config["alignment"]["init"] == "public" else None
+        public = self._public_images(context.dataset.info) if self.config["alignment"]["init"] == "public" else None
         teacher = self._build_teacher(info).to(device)
         state = context.state
         if state is None or state["phase"] == "teacher":
@@ -92,7 +94,7 @@ class DPImgSyn(Method):
             state = context.on_main(lambda: self._released_statistics(context, teacher, public))
         else:
             teacher.load_state_dict(state["teacher"])
-            context.generator.set_state(state["rng"])
+            context.restore_random(state["rng"])
         context.report_metric("teacher_test_accuracy", state["teacher_accuracy"])
         statistics = BatchStatistics(**state["statistics"])
         self.release = context.on_main(
@@ -105,13 +107,12 @@ class DPImgSyn(Method):
         accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
                                  device) / len(context.dataset.test)
         clip = self._statistics_clip(teacher, public, info.shape, device)
-        (event,) = context.plan["statistics"]
-        assert isinstance(event, GaussianMechanism)
+        event = context.planned_event("statistics", GaussianMechanism)
         statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
                                         event.noise_multiplier, self.config["statistics"]["batch_size"], device,
-                                        context.ledger, "statistics", context.generator)
+                                        context.ledger, "statistics", context.noise)
         state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
-                 "clip": clip, "teacher_accuracy": accuracy, "rng": context.generator.get_state()}
+                 "clip": clip, "teacher_accuracy": accuracy, "rng": context.random_state()}
         context.checkpoint(state)
         context.log("statistics", clip=clip, teacher_test_accuracy=accuracy)
         return state
@@ -124,8 +125,7 @@ class DPImgSyn(Method):
     def _train_teacher(self, context: RunContext, teacher: torch.nn.Module) -> None:
         """DP-SGD on cross-entropy (SGD with momentum), resumable from the last teacher checkpoint."""
         settings, train = self.config["teacher"], context.dataset.train
-        (event,) = context.plan["teacher"]
-        assert isinstance(event, SubsampledGaussianMechanism)
+        event = context.planned_event("teacher", SubsampledGaussianMechanism)
         optimizer = torch.optim.SGD(teacher.parameters(), lr=settings["lr"], momentum=settings["momentum"])
         inputs = _teacher_inputs(train.images)
 
@@ -138,9 +138,14 @@ class DPImgSyn(Method):
         PrivateTraining("teacher", teacher, optimizer, _example_loss, engine, event.steps,
                         settings["checkpoint_every"]).run(context, make_batch, context.state)
 
-    def _public_images(self, private: Dataset) -> torch.Tensor:
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        if self.config["alignment"]["init"] != "public":
+            return {}
+        return {f"alignment.public {self.config['alignment']['public']!r}": fingerprints(self._public_images(info))}
+
+    def _public_images(self, info: DatasetInfo) -> torch.Tensor:
         """Every image of the public dataset, converted to the private images' size and channels."""
-        settings, info = self.config["alignment"], private.info
+        settings = self.config["alignment"]
         public = load_dataset(settings["public"], settings["public_data_dir"], resolution=info.height,
                               channels=info.channels)
         images = torch.cat([public.train.images, public.val.images, public.test.images])

@@ -19,6 +19,7 @@ from torch import nn
 
 from ...privacy import PrivacyLedger
 from ...privacy.mechanisms import clip_rows, release_gaussian
+from ...privacy.randomness import SecretStream
 
 
 @contextmanager
@@ -91,10 +92,10 @@ def clipped_moment_sum(model: nn.Module, images: torch.Tensor, clip: float, batc
 
 def private_statistics(model: nn.Module, images: torch.Tensor, clip: float, noise_multiplier: float,
                        batch_size: int, device: torch.device, ledger: PrivacyLedger, stage: str,
-                       generator: torch.Generator) -> BatchStatistics:
+                       noise: SecretStream) -> BatchStatistics:
     """The private set's statistics: clipped moment sum + N(0, (sigma C)^2), divided by the public size N."""
     total = clipped_moment_sum(model, images, clip, batch_size, device)
-    noisy = release_gaussian(total, clip, noise_multiplier, ledger, stage, generator)
+    noisy = release_gaussian(total, clip, noise_multiplier, ledger, stage, noise)
     return BatchStatistics.from_mean_moments((noisy / len(images)).float(), layer_widths(model))
 
 

@@ -100,13 +100,13 @@ class DPSAD(DPDM):
             self._train_private(context, teacher, "teacher", self.config["teacher"],
                                 self._batch_maker(context, section="teacher"), state)
             pool = context.on_main(lambda: self._teacher_pool(context, teacher))
-            state = {"phase": "pool", "teacher": teacher.state_dict(), **pool, "rng": context.generator.get_state()}
+            state = {"phase": "pool", "teacher": teacher.state_dict(), **pool, "rng": context.random_state()}
             context.checkpoint(state)
         else:
             assert state is not None
             teacher.load_state_dict(state["teacher"])
             if phase == "pool":
-                context.generator.set_state(state["rng"])
+                context.restore_random(state["rng"])
         if context.world.is_main:
             save_png(class_grid(state["pool_images"].numpy(), state["pool_labels"].numpy(), info.num_classes),
                      context.run.file(POOL_IMAGES))

@@ -132,7 +132,7 @@ class FETAPro(DPFETA):
         if "frequency_means" not in self._released:
             self._released["frequency_means"] = noisy_class_means(
                 context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(),
-                context.ledger, "frequency-features", context.generator)
+                context.ledger, "frequency-features", context.noise)
             self._checkpoint(context, self.warmup_phases()[0], 0)
         return self._released["frequency_means"]
 

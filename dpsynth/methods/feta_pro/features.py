@@ -20,6 +20,7 @@ from ...data import ImageSet
 from ...errors import ConfigError
 from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
 from ...privacy.mechanisms import gaussian_noise
+from ...privacy.randomness import SecretStream
 
 
 class RandomFourierFeatures:
@@ -60,14 +61,14 @@ class FrequencyQuery:
 
 
 def noisy_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatures, query: FrequencyQuery,
-                      ledger: PrivacyLedger, stage: str, generator: torch.Generator) -> torch.Tensor:
+                      ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
     """num_classes x D noisy mean features; the releases are recorded before they run."""
     ledger.record(stage, query.event(num_classes))
     means = []
     for label in range(num_classes):
         total = rff.summed(train.images[train.labels == label])
-        total = total + gaussian_noise(total.shape, query.noise, generator, total)
-        noisy_count = float(gaussian_noise(torch.Size(), query.count_noise, generator, total))
+        total = total + gaussian_noise(total.shape, query.noise, noise, total)
+        noisy_count = float(gaussian_noise(torch.Size(), query.count_noise, noise, total))
         size = int((train.labels == label).sum()) + noisy_count
         means.append(total / max(1.0, size))
     return torch.stack(means).float()

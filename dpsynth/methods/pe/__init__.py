@@ -11,7 +11,7 @@ assumes a balanced private set, which is itself private knowledge).
 On several processes the API calls are split: each rank makes its contiguous part of every call's samples
 (with its own generator) and the parts are gathered, so the population is the same on every rank; each rank
 embeds its shard of the private set, the votes are all-reduced, and then every rank adds the same noise
-draw of the shared generator: one Gaussian mechanism per iteration, as on one process.
+draw of the shared secret stream: one Gaussian mechanism per iteration, as on one process.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import torch
 
 from ...config import choice_setting, positive_setting
 from ...data import DatasetInfo, ImageSet
-from ...errors import ConfigError
+from ...data.fingerprints import FINGERPRINTS, load_fingerprints
+from ...errors import ConfigError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_gaussian
@@ -101,6 +102,19 @@ class PrivateEvolution(Method):
                               f"({iterations}), got {settings['degrees']}")
         return degrees
 
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        """The fingerprints of the diffusion API's training data, which ``dpsynth pretrain`` saves with the model."""
+        model = self.config["api"]["model"]
+        if self.config["api"]["name"] != "diffusion" or not model:
+            return {}
+        prints = load_fingerprints(model)
+        if prints is None:
+            warnings.warn(f"api.model {model} holds no {FINGERPRINTS} (dpsynth pretrain writes one): its training "
+                          "data cannot be checked to be disjoint from the private data; make sure it is",
+                          PrivacyWarning, stacklevel=2)
+            return {}
+        return {f"the training data of api.model {model}": prints}
+
     def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
         settings = self.config["api"]
         if choice_setting(self.config, "api", "name", APIS) == "drawtext":
@@ -114,8 +128,7 @@ class PrivateEvolution(Method):
         info, settings, degrees = context.dataset.info, self.config["pe"], self.degrees()
         api = self.build_api(info, context.device)
         embed = build_embedding(settings["embedding"], context.device)
-        (event,) = context.plan["histograms"]
-        assert isinstance(event, GaussianMechanism)
+        event = context.planned_event("histograms", GaussianMechanism)
         threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
         sizes, population, start = self._initial_population(context, api)
         private = class_embeddings(context.private_shard(), info.num_classes, embed)
@@ -132,7 +145,7 @@ class PrivateEvolution(Method):
                      for c in range(info.num_classes)]
             context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
             histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, "histograms",
-                                       context.generator)
+                                       context.noise)
             population = [self._offspring(context, api, population[c], histograms[c], c, degrees[t])
                           for c in range(info.num_classes)]
             self._checkpoint(context, sizes, population, t + 1)
@@ -154,7 +167,7 @@ class PrivateEvolution(Method):
         """Class sizes, population and iterations done: from the checkpoint, or RANDOM_API per class."""
         state = context.state
         if state:
-            context.generator.set_state(state["rng"])
+            context.restore_random(state["rng"])
             population = [Samples(images, params)
                           for images, params in zip(state["images"], state["params"], strict=True)]
             return state["sizes"], population, state["iteration"]
@@ -176,7 +189,7 @@ class PrivateEvolution(Method):
         else:
             counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
             shares = context.on_main(lambda: release_gaussian(counts, 1.0, settings["count_noise"], context.ledger,
-                                                              "class-counts", context.generator)).clamp_min(1)
+                                                              "class-counts", context.noise)).clamp_min(1)
         return apportion(total, shares)
 
     def _lookahead(self, context: RunContext, api: ImageAPI, embed: Embedding, samples: Samples, label: int,
@@ -207,7 +220,7 @@ class PrivateEvolution(Method):
                     ) -> None:
         """The population after ``iteration`` iterations (grids and logs are written only after this)."""
         context.checkpoint({"iteration": iteration, "sizes": sizes, "images": [p.images for p in population],
-                            "params": [p.params for p in population], "rng": context.generator.get_state()})
+                            "params": [p.params for p in population], "rng": context.random_state()})
 
     @staticmethod
     def _save_grid(context: RunContext, population: list[Samples], iteration: int) -> None:

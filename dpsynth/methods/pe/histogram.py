@@ -11,6 +11,7 @@ import torch
 from ...errors import ConfigError
 from ...privacy import PrivacyLedger
 from ...privacy.mechanisms import release_gaussian
+from ...privacy.randomness import SecretStream
 
 
 def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
@@ -31,9 +32,9 @@ def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chun
 
 
 def dp_histograms(votes: list[torch.Tensor], noise_multiplier: float, threshold: float, ledger: PrivacyLedger,
-                  stage: str, generator: torch.Generator) -> list[torch.Tensor]:
+                  stage: str, noise: SecretStream) -> list[torch.Tensor]:
     """Every class's votes plus N(0, sigma^2) per bin, then max(count - threshold, 0); recorded once, first."""
     if threshold < 0:
         raise ConfigError(f"pe.threshold must be >= 0, got {threshold}")
-    noisy = release_gaussian(torch.cat(votes), 1.0, noise_multiplier, ledger, stage, generator)
+    noisy = release_gaussian(torch.cat(votes), 1.0, noise_multiplier, ledger, stage, noise)
     return list((noisy - threshold).clamp_min(0).split([len(v) for v in votes]))

@@ -1,0 +1,177 @@
+"""Issue 25: secret noise streams, public data checked against the private data, nothing private outside the ledger."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import idx_bytes, secret_stream
+from torch import nn
+
+from dpsynth.api import resolve_config
+from dpsynth.data import load_dataset
+from dpsynth.data.fingerprints import FINGERPRINTS, check_disjoint, fingerprints
+from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
+from dpsynth.errors import DataError, PrivacyError, PrivacyWarning
+from dpsynth.evaluation import Release, evaluation_ledger
+from dpsynth.methods import get_method
+from dpsynth.methods.base import RunContext
+from dpsynth.pipeline import start, user_seed
+from dpsynth.privacy import (
+    Accountant,
+    GaussianMechanism,
+    NonPrivateAccess,
+    PrivacyLedger,
+    SubsampledGaussianMechanism,
+    check_within_plan,
+)
+from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings, clipped_sum
+from dpsynth.privacy.mechanisms import poisson_sample
+from dpsynth.privacy.randomness import SecretStream, derived_key, secret_generator, stream_key
+from dpsynth.runs import RunDirectory
+
+
+def test_seeds_that_agree_in_their_low_32_bits_give_different_noise():
+    low = 12345
+    assert torch.equal(torch.randn(4, generator=torch.Generator().manual_seed(low)),
+                       torch.randn(4, generator=torch.Generator().manual_seed(low + 2 ** 32)))  # torch keeps 32 bits
+    for seed in (low + 2 ** 32, low + 2 ** 40):
+        assert not torch.equal(SecretStream(derived_key(low, "noise")).normal(4),
+                               SecretStream(derived_key(seed, "noise")).normal(4))
+        assert not torch.equal(torch.randn(4, generator=secret_generator(derived_key(low, "training"))),
+                               torch.randn(4, generator=secret_generator(derived_key(seed, "training"))))
+
+
+def test_unseeded_streams_take_fresh_256_bit_keys_and_the_release_stream_is_not_the_noise_stream():
+    keys = {stream_key(None, purpose) for purpose in ("noise", "noise", "training", "release")}
+    assert len(keys) == 4 and all(len(key) == 32 for key in keys)
+    seeded = {purpose: stream_key(0, purpose) for purpose in ("noise", "training", "init", "release")}
+    assert len(set(seeded.values())) == 4  # each purpose its own key, even from one user seed
+    release = torch.randn(1000, generator=secret_generator(seeded["release"]), dtype=torch.float64)
+    noise = SecretStream(seeded["noise"]).normal(1000)
+    assert abs(float(torch.corrcoef(torch.stack([release, noise]))[0, 1])) < 0.15
+    assert "key" not in repr(SecretStream(seeded["noise"]))
+
+
+def test_a_stream_resumes_from_its_state_and_draws_53_bit_uniforms():
+    stream = secret_stream(1)
+    stream.normal(10)
+    state = stream.get_state()
+    again = SecretStream(b"\0" * 32)
+    again.set_state(state)
+    assert torch.equal(stream.uniform(100), again.uniform(100))
+    uniforms = secret_stream(2).uniform(10_000)
+    assert ((uniforms * 2 ** 24) % 1 != 0).float().mean() > 0.99  # finer than float32's 2^-24 grid
+    assert 0 < float(uniforms.min()) and float(uniforms.max()) < 1
+
+
+def test_poisson_sampling_compares_float64_uniforms_with_the_rate():
+    rate = 0.3  # float32(0.3) = 0.30000001192...: a float32 comparison samples slightly more
+    chosen = poisson_sample(50_000, rate, secret_stream(3))
+    assert torch.equal(chosen, torch.nonzero(secret_stream(3).uniform(50_000) < rate).flatten())
+
+
+def test_a_user_set_seed_warns_and_a_secret_run_says_so_in_its_report(tmp_path):
+    config = resolve_config("pe", dataset="digits", epsilon=5.0, preset="cpu", overrides=[
+        "pe.population=20", "pe.iterations=1", "pe.lookahead=0", "sampling.num_samples=20",
+        "evaluation.enabled=false", f"run.out_dir={tmp_path}", "run.device=cpu"])
+    with pytest.warns(PrivacyWarning, match="run.seed = 3 is set"):
+        assert user_seed({**config, "run": {**config["run"], "seed": 3}}) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyWarning)
+        assert user_seed(config) is None
+    run = start(config)
+    report = json.loads(run.file("release/privacy.json").read_text())
+    assert report["noise_seed"] == "secret" and report["dp_guarantee"]
+    assert run.config()["run"]["seed"] is None  # no seed in config.yaml: the keys live in the checkpoint only
+    saved = torch.load(run.file("checkpoint.pt"), weights_only=True)["state"]["rng"]
+    assert len(bytes.fromhex(saved["noise"]["key"])) == 32
+    assert sorted(p.name for p in run.file("release").iterdir()) == ["privacy.json", "samples.png", "synthetic.npz"]
+
+
+def test_public_images_that_are_private_images_are_refused(tmp_path):
+    """mnist-5k as DP-ImgSyn's public set beside a private MNIST built from the same digits."""
+    digits = load_dataset("mnist-5k")
+    images = torch.cat([digits.train.images, digits.val.images])
+    labels = torch.cat([digits.train.labels, digits.val.labels])
+    pixels = (images[:, 0] * 255).round().to(torch.uint8).numpy()
+    for prefix, part in (("train", slice(0, 4000)), ("t10k", slice(4000, 4500))):
+        (tmp_path / f"{prefix}-images-idx3-ubyte").write_bytes(idx_bytes(pixels[part]))
+        (tmp_path / f"{prefix}-labels-idx1-ubyte").write_bytes(idx_bytes(labels[part].numpy()))
+    config = resolve_config("dp-imgsyn", dataset="mnist", data_dir=str(tmp_path), epsilon=5.0,
+                            overrides=["dataset.val_size=500", f"run.out_dir={tmp_path / 'runs'}"])
+    with pytest.raises(DataError, match="alignment.public 'mnist-5k' is not disjoint.*3500 of the 3500 train images"):
+        start(config)
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
+    private = load_dataset("fashion-mnist")
+    check_disjoint({"mnist-5k": fingerprints(images)}, private)  # a disjoint set passes
+    grey_rgb = images[:10].expand(-1, 3, -1, -1)
+    assert np.array_equal(fingerprints(grey_rgb), fingerprints(images[:10]))  # an RGB copy is the same image
+
+
+def test_pretrain_records_its_data_and_pe_refuses_a_model_trained_on_the_private_set(tmp_path):
+    digits = load_dataset("digits")
+    model = pretrain(digits.train, tmp_path / "model", PretrainSettings(1, 4, block_channels=(8, 8),
+                                                                        checkpoint_every=1), torch.device("cpu"))
+    assert np.array_equal(np.load(model / FINGERPRINTS), fingerprints(digits.train.images))
+    config = resolve_config("pe", dataset="digits", epsilon=5.0, overrides=[
+        "api.name=diffusion", f"api.model={model}", f"run.out_dir={tmp_path / 'runs'}"])
+    with pytest.raises(DataError, match=f"training data of api.model {model} is not disjoint"):
+        start(config)
+    (model / FINGERPRINTS).unlink()
+    with pytest.warns(PrivacyWarning, match="cannot be checked"):
+        assert get_method("pe")(config).public_data(digits.info) == {}
+
+
+def test_the_ledger_stops_a_mechanism_beyond_the_plan():
+    plan = {"dp-sgd": [SubsampledGaussianMechanism(2.0, 0.1, 3)]}
+    ledger = PrivacyLedger()
+    ledger.check = lambda stages: check_within_plan(stages, plan, allow_non_private=False)
+    for _ in range(3):
+        ledger.record("dp-sgd", SubsampledGaussianMechanism(2.0, 0.1))
+    check_within_plan(ledger.stages(), plan, False, complete=True)
+    with pytest.raises(PrivacyError, match="beyond its plan"):
+        ledger.record("dp-sgd", SubsampledGaussianMechanism(2.0, 0.1))
+    with pytest.raises(PrivacyError, match="does not hold"):
+        ledger.record("extra", GaussianMechanism(5.0))
+    with pytest.raises(PrivacyError, match="without noise"):
+        check_within_plan({"dp-sgd": [NonPrivateAccess(1)]}, {"dp-sgd": [NonPrivateAccess(3)]}, False)
+    with pytest.raises(PrivacyError, match="did not run as planned"):
+        check_within_plan({}, plan, False, complete=True)
+    assert ledger.events() == [SubsampledGaussianMechanism(2.0, 0.1, 3)]  # refused entries were not written
+
+
+def test_a_plan_event_of_another_type_stops_the_method(tmp_path):
+    dataset = load_dataset("digits")
+    context = RunContext(dataset, RunDirectory(tmp_path), {"dp-sgd": [NonPrivateAccess(5)]}, PrivacyLedger(),
+                         Accountant("pld"), 1e-5, torch.device("cpu"), torch.Generator(), secret_stream())
+    with pytest.raises(PrivacyError, match="not one SubsampledGaussianMechanism"):
+        context.planned_event("dp-sgd", SubsampledGaussianMechanism, NonPrivateAccess)  # DPDM without noise
+    allowed = RunContext(dataset, RunDirectory(tmp_path), context.plan, PrivacyLedger(), Accountant("pld"), 1e-5,
+                         torch.device("cpu"), torch.Generator(), secret_stream(), allow_non_private=True)
+    assert allowed.planned_event("dp-sgd", SubsampledGaussianMechanism, NonPrivateAccess) == NonPrivateAccess(5)
+
+
+def test_a_non_finite_per_example_gradient_is_dropped_not_spread():
+    grads = {"w": torch.tensor([[3.0, 4.0], [float("nan"), 1.0], [float("inf"), 0.0]])}
+    summed, norms = clipped_sum(grads, 1.0)
+    assert torch.allclose(summed["w"], torch.tensor([0.6, 0.8]))
+    assert torch.isfinite(norms).tolist() == [True, False, False]
+    model = nn.Linear(2, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda forward, x: forward(x[None]).sum(),
+                   DpsgdSettings(1e-6, 1.0, 1.0), 3, PrivacyLedger(), "dp-sgd", secret_stream())
+    stats = engine.step(lambda indices: (torch.tensor([[3.0, 4.0], [float("nan"), 0.0], [1e39, 1.0]])[indices],))
+    assert torch.isfinite(model.weight).all() and stats["nonfinite_dropped"] == 2.0
+
+
+def test_model_selection_on_one_release_accumulates_whatever_folder_evaluates_it():
+    images = np.zeros((4, 1, 8, 8), np.uint8)
+    release = Release(images, np.arange(4))
+    evaluation_ledger(release).record("model-selection", GaussianMechanism(1.0), "evaluation")
+    evaluation_ledger(Release(images.copy(), np.arange(4))).record("model-selection", GaussianMechanism(2.0),
+                                                                   "evaluation")
+    assert len(evaluation_ledger(release).events("evaluation")) == 2
+    assert len(evaluation_ledger(Release(images, np.arange(4)[::-1].copy())).events("evaluation")) == 0
