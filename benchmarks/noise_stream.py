@@ -32,8 +32,8 @@ def main() -> None:
     stream, generator = SecretStream(fresh_key()), torch.Generator().manual_seed(0)
     print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, threads: {torch.get_num_threads()}")
     for size in args.sizes:
-        secret = per_call(lambda: stream.normal(size), args.repeats)
-        baseline = per_call(lambda: torch.randn(size, generator=generator, dtype=torch.float64), args.repeats)
+        secret = per_call(lambda n=size: stream.normal(n), args.repeats)
+        baseline = per_call(lambda n=size: torch.randn(n, generator=generator, dtype=torch.float64), args.repeats)
         print(f"{size:>10,} normals: SecretStream {secret * 1e3:7.1f} ms, torch.randn {baseline * 1e3:7.1f} ms, "
               f"ratio {secret / baseline:.2f}")
 
