@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from dpsynth.diffusion import Diffusion
+from dpsynth.hardware import resolve_bf16
 from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
@@ -68,6 +69,9 @@ def main() -> None:
     print(f"ours / opacus hooks speed:       {ours / rate['opacus hooks']:.2f}x   (target >= 1.5)")
     print(f"ours / non-private time:         {rate['non-private'] / ours:.2f}x   (target <= 2.5)")
     if args.bf16:
+        choice = resolve_bf16("auto", torch.device("cpu"))
+        print(f"ours bf16 / ours fp32 speed: {rate['ours bf16'] / ours:.2f}x; dpsgd.bf16=auto takes "
+              f"{'bf16' if choice.value else 'fp32'} ({choice.reason})")
         print(f"ours bf16 / opacus hooks bf16 speed: {rate['ours bf16'] / rate['opacus hooks bf16']:.2f}x")
         print(f"ours bf16 / non-private time:    {rate['non-private'] / rate['ours bf16']:.2f}x")
     if args.profile:

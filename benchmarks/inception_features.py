@@ -15,6 +15,7 @@ import torch
 
 from dpsynth.data import load_dataset
 from dpsynth.evaluation import InceptionFeatures, Moments, fid
+from dpsynth.hardware import resolve_bf16
 from dpsynth.utils.images import to_uint8
 
 
@@ -44,6 +45,8 @@ def main() -> None:
         print(f"{name:<46} {speed:6.2f} images/s   FID(train, test) at {args.images} each = {results[name][1]:.3f}")
     (base_speed, base_fid), (fast_speed, fast_fid) = results.values()
     print(f"speed-up {fast_speed / base_speed:.2f}x   |FID difference| {abs(fast_fid - base_fid):.3f}")
+    choice = resolve_bf16("auto", torch.device("cpu"))
+    print(f"evaluation.fast_inception=auto takes the {'fast' if choice.value else 'fp32 eager'} path ({choice.reason})")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .errors import ConfigError, DpsynthError, PrivacyWarning
+from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
 from .privacy import (
     ACCOUNTANTS,
@@ -52,6 +55,8 @@ def validate_config(config: Config) -> None:
         check_delta(privacy["delta"])
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(config["dataset"]["name"])
+    hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false
+    check_threads(config["run"].get("threads", AUTO))
 
 
 def check_stored_config(config: Config, source: str) -> None:

@@ -24,14 +24,14 @@ BASE_CONFIG: Config = {
         "num_classes": None,
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
-    "run": {"out_dir": "runs", "seed": None, "device": "auto", "allow_non_private": False},
+    "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},
     "sampling": {"num_samples": 60000, "batch_size": 500},
     "evaluation": {
         "enabled": True,
         "num_synthetic": 2000,
         "num_real": 2000,
         "real_split": "train",
-        "fast_inception": True,
+        "fast_inception": "auto",
         "inception_batch_size": 50,
         "kid_subsets": 100,
         "kid_subset_size": 1000,
@@ -65,7 +65,7 @@ def _unknown_key(key: str, config: Mapping[str, Any], source: str) -> ConfigErro
 
 
 def _check_type(key: str, old: Any, new: Any, source: str) -> Any:
-    if old is None or new is None:
+    if old is None or new is None or old == "auto":  # an "auto" key takes its own values, checked where used
         return new
     if isinstance(old, bool) or isinstance(new, bool):
         ok = isinstance(old, bool) and isinstance(new, bool)

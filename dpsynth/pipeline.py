@@ -16,6 +16,7 @@ from .data.fingerprints import check_disjoint
 from .distributed import World
 from .errors import ConfigError, DpsynthError, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, evaluation_ledger, load_release
+from .hardware import hardware_choices, thread_governor
 from .methods import get_method
 from .methods.base import Method, RunContext
 from .privacy import Accountant, PrivacyLedger, budget_report, check_within_plan, ledger_report, non_private_stages
@@ -112,8 +113,11 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
                                   if world.is_main else None)
     torch.default_generator.set_state(mersenne_state(keys["init"]))  # model initialisation
     device = world.device(pick_device(config["run"]["device"]))
+    governor = thread_governor(config["run"]["threads"])
+    if world.is_main:
+        run.record_hardware(hardware_choices(config, device))
     context = RunContext(dataset, run, plan, ledger, accountant, delta, device, secret_generator(keys["training"]),
-                         SecretStream(keys["noise"]), state, world, allow_non_private)
+                         SecretStream(keys["noise"]), state, world, allow_non_private, governor)
     method.fit(context)
     return method, context, budget
 

@@ -5,7 +5,8 @@ epsilon covers and may be shared; everything else is PRIVATE to the data holder.
 
 - ``release/synthetic.npz`` and ``release/samples.png``: the release (uint8 images N x C x H x W, labels)
   and its grid, written after the budget check; ``release/privacy.json``: the accountant's report.
-- ``config.yaml``: the fully resolved config; ``--resume`` reads it back.
+- ``config.yaml``: the fully resolved config; ``--resume`` reads it back. Its ``hardware`` section says what
+  the machine is and what ``auto`` settings (bf16, the fast Inception path) chose on it, and why.
 - ``ledger.json``: every privacy event, appended as mechanisms run.
 - ``checkpoint.pt``: training state, the secret noise stream's key *and the ledger that covers it*.
 - ``log.jsonl``: one JSON record per line. It holds non-private statistics of the private data (losses,
@@ -91,6 +92,13 @@ class RunDirectory:
         """The run's ledger, continuing the saved one if there is one."""
         path = self.file(LEDGER)
         return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
+
+    def record_hardware(self, hardware: dict[str, Any]) -> None:
+        """Write what this machine is and the hardware-dependent choices made on it into config.yaml's
+        ``hardware`` section (each start or resume rewrites it), and log them."""
+        config = {**self.config(), "hardware": hardware}
+        atomic_write_text(self.file(CONFIG), dump_config(config))
+        self.log("hardware", **hardware)
 
     def log(self, event: str, **fields: Any) -> None:
         """Append one record to log.jsonl."""

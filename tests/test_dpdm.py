@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import kill_after_recorded_steps
 
 from dpsynth.diffusion import Diffusion
@@ -58,8 +59,10 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
         assert sorted(set(release["labels"].tolist())) == list(range(10))
     assert (run / "release" / "samples.png").exists() and (run / "config.yaml").exists()
     metrics = json.loads((run / "metrics.json").read_text())
+    fast = yaml.safe_load((run / "config.yaml").read_text())["hardware"]["choices"]["evaluation.fast_inception"]
+    assert fast["value"] == torch.ops.mkldnn._is_mkldnn_bf16_supported() and fast["why"].startswith("auto: CPU")
     assert metrics["images"] == {"synthetic": 30, "real": 30, "real_split": "train",
-                                 "inception": "uint8-gray3-bilinear299-div128m1-bf16"}
+                                 "inception": "uint8-gray3-bilinear299-div128m1" + ("-bf16" if fast["value"] else "")}
     assert metrics["fid"] > 0 and 0 <= metrics["precision"] <= 1 and 0 <= metrics["accuracy"]["cnn"]["test_accuracy"]
     assert report["evaluation"]["stages"][0]["name"] == "model-selection"
     assert report["evaluation"]["epsilon"] == pytest.approx(1.0, abs=1e-3)

@@ -172,7 +172,7 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
 
 def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
     """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing)."""
-    keys = sorted(set(flat_keys(stored)) | set(flat_keys(wanted)))
+    keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted)) if not key.startswith("hardware."))
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items() if old != new]
     return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])

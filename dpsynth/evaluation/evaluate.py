@@ -16,6 +16,7 @@ import torch
 
 from ..data import Dataset
 from ..errors import ConfigError
+from ..hardware import resolve_bf16
 from ..models.classifiers import build_classifier
 from ..privacy import Accountant, PrivacyLedger, ledger_report
 from ..utils.images import class_grid, save_png, to_uint8
@@ -39,7 +40,7 @@ class EvaluationSettings:
     num_synthetic: int
     num_real: int
     real_split: str
-    fast_inception: bool
+    fast_inception: bool | str
     inception_batch_size: int
     kid_subsets: int
     kid_subset_size: int
@@ -72,6 +73,7 @@ class EvaluationSettings:
             raise ConfigError(f"evaluation.selection_epsilon must be positive, got {self.selection_epsilon}")
         for name in self.classifiers:
             build_classifier(name, 1, 2)  # ConfigError for an unknown name
+        resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")
 
 
 def _first(count: int, total: int, seed: int) -> np.ndarray:
@@ -94,7 +96,8 @@ def evaluate_release(
     """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics
     (with ``method_metrics``, the method's own measurements, under "method")."""
     out = Path(out_dir)
-    extractor = InceptionFeatures(device, settings.fast_inception, settings.inception_batch_size)
+    fast = resolve_bf16(settings.fast_inception, device, "evaluation.fast_inception").value
+    extractor = InceptionFeatures(device, fast, settings.inception_batch_size)
     cache = FeatureCache(settings.cache_dir)
     real_set = dataset.split(settings.real_split)
     real_index = _first(settings.num_real, len(real_set), settings.seed)

@@ -13,6 +13,7 @@ from ..config import Config
 from ..data import Dataset, DatasetInfo, ImageSet
 from ..distributed import World
 from ..errors import ConfigError, PrivacyError
+from ..hardware import ThreadGovernor
 from ..privacy import Accountant, Event, NonPrivateAccess, PlannedStage, PrivacyLedger
 from ..privacy.randomness import SecretStream
 from ..runs import RunDirectory
@@ -50,6 +51,7 @@ class RunContext:
     state: dict[str, Any] | None = None
     world: World = field(default_factory=World)
     allow_non_private: bool = False
+    governor: ThreadGovernor | None = None
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
@@ -74,6 +76,12 @@ class RunContext:
         """Continue both shared streams from a checkpoint's :meth:`random_state`."""
         self.noise.set_state(state["noise"])
         self.generator.set_state(state["generator"])
+
+    def adjust_threads(self) -> None:
+        """Fit the thread count to the cores other processes leave free (``run.threads=auto``; call per step)."""
+        threads = self.governor.adjust() if self.governor is not None else None
+        if threads is not None:
+            self.log("threads", threads=threads)
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         if self.world.is_main:

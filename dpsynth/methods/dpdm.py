@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
+from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
@@ -35,7 +36,7 @@ class DPDM(Method):
             "ema": 0.999,
             "physical_batch_size": 64,
             "checkpoint_every": 50,
-            "bf16": False,
+            "bf16": "auto",  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
         },
     }
     presets = {
@@ -46,7 +47,7 @@ class DPDM(Method):
             "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
             "diffusion": {"sample_steps": 25},
             "dpsgd": {"batch_size": 512, "epochs": 4.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
-                      "physical_batch_size": 128, "checkpoint_every": 25, "bf16": True},
+                      "physical_batch_size": 128, "checkpoint_every": 25},
             "sampling": {"num_samples": 5000},
         },
     }
@@ -92,8 +93,8 @@ class DPDM(Method):
         ema = EMA(model, settings["ema"])
         schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], len(context.dataset.train))
         noise = event.noise_multiplier if isinstance(event, SubsampledGaussianMechanism) else None  # non-private
-        engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"],
-                               settings["bf16"])
+        bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
+        engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"], bf16)
         PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine, schedule.steps,
                         settings["checkpoint_every"], ema, **hooks).run(context, make_batch, state)
         ema.copy_to(model)

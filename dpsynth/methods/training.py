@@ -62,6 +62,7 @@ class PrivateTraining:
         progress = context.progress(self.steps, self.stage, initial=step)
         while step < self.steps:
             stats = engine.step(make_batch)
+            context.adjust_threads()
             if self.ema is not None:
                 self.ema.update(self.model)
             if self.after_step is not None:

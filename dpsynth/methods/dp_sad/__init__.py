@@ -63,7 +63,7 @@ class DPSAD(DPDM):
         # term; the MSE terms 1e-4 to 2e-4) and, clipped at 1e-3, the parameter gradients 1.1e-4.
         "student": {"batch_size": 4096, "epochs": 50.0, "clip": 1e-4, "output_clip": 1e-3, "adversarial_weight": 1.0,
                     "lr": 1e-4, "ema": 0.999, "init": "teacher", "physical_batch_size": 64, "checkpoint_every": 50,
-                    "bf16": False},
+                    "bf16": "auto"},
         "discriminator": {"width": 32, "lr": 1e-4, "batch_size": 128, "pool": 2000, "pool_steps": 50},
     }
     presets = {
@@ -76,7 +76,7 @@ class DPSAD(DPDM):
             "diffusion": DPDM.presets["cpu"]["diffusion"],
             "teacher": {**DPDM.presets["cpu"]["dpsgd"], "epochs": 3.0},
             "student": {"batch_size": 512, "epochs": 1.0, "lr": 5e-4, "ema": 0.99, "physical_batch_size": 128,
-                        "checkpoint_every": 25, "bf16": True},
+                        "checkpoint_every": 25},
             "discriminator": {"lr": 2e-4, "pool": 1000, "pool_steps": 25},
             "sampling": {"num_samples": 5000},
         },

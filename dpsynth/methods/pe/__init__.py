@@ -154,6 +154,7 @@ class PrivateEvolution(Method):
             if self.non_private_outputs():
                 _log_nonprivate_distance(context, private, population, embed, t + 1)
             progress.update({})
+            context.adjust_threads()
         progress.close()
         self.api, self.population, self.info = api, population, info
 

@@ -1,0 +1,125 @@
+"""Hardware-dependent choices, made at run time from what the machine does and recorded with the run.
+
+bf16 (DP-SGD autocast, the fast Inception path) pays only where the hardware computes it natively: a CPU with
+bf16 matrix units (AVX-512 BF16 / AMX: 1.6x faster convolutions measured) or a GPU that supports it. On an
+AVX2-only CPU oneDNN emulates it, and the DP-SGD step was 5.9x and Inception 10x slower than in fp32. So every
+such setting takes ``auto`` (the default), ``true`` or ``false``, and ``auto`` asks the hardware.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import Config
+from .errors import ConfigError
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A resolved setting and why it has that value."""
+
+    value: bool
+    reason: str
+
+
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bf16 natively, and what says so."""
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+        return supported, f"{torch.cuda.get_device_name(device)}: bf16 {'supported' if supported else 'unsupported'}"
+    supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return supported, (f"CPU capability {torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 "
+                       f"{'native' if supported else 'emulated (slower than fp32)'}")
+
+
+def resolve_bf16(setting: Any, device: torch.device, key: str = "bf16") -> Choice:
+    """``true`` / ``false`` as set, or for ``auto`` bf16 exactly where ``device`` computes it natively."""
+    if isinstance(setting, bool):
+        return Choice(setting, "set in the config")
+    if setting != AUTO:
+        raise ConfigError(f"{key} must be auto, true or false, got {setting!r}")
+    supported, why = native_bf16(device)
+    return Choice(supported, f"auto: {why}")
+
+
+def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
+    """What this machine is and every bf16 setting of ``config`` resolved on it (for config.yaml and the log)."""
+    choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
+    return {"device": str(device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": config["run"].get("threads", AUTO), "threads_at_start": torch.get_num_threads(),
+            "choices": {key: {"value": choice.value, "why": choice.reason} for key, choice in choices.items()}}
+
+
+def _bf16_settings(config: Config) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every ``bf16`` key and of ``evaluation.fast_inception``."""
+    found = [(f"{section}.bf16", values["bf16"]) for section, values in config.items()
+             if isinstance(values, dict) and "bf16" in values]
+    return found + [("evaluation.fast_inception", config.get("evaluation", {}).get("fast_inception", AUTO))]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class ThreadGovernor:
+    """Keeps torch's thread count at the cores other processes leave free, so a run beside other work slows
+    in proportion: with more threads than free cores, OpenMP threads wait on each other's preempted peers
+    and a step took several times longer (``benchmarks/dpsgd_under_load.py``).
+
+    :meth:`adjust` (call it once per step; it acts at most every ``every`` seconds) measures, from
+    ``/proc/stat`` and this process's CPU time since its last measurement, how many cores the others kept
+    busy, and sets ``usable - round(others)`` threads (at least 1). Without ``/proc/stat`` it does nothing.
+    """
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every, self.usable = every, usable_cores()
+        self._last = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        """(wall time, busy core-seconds of the machine, CPU seconds of this process), or None off Linux."""
+        try:
+            with open("/proc/stat") as handle:
+                fields = [float(v) for v in handle.readline().split()[1:]]
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        busy = (sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0.0)) / ticks  # less idle, iowait
+        own = os.times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def adjust(self) -> int | None:
+        """Re-measure if ``every`` seconds have passed; the new thread count when it changed, else None."""
+        now = self._sample()
+        if now is None or self._last is None or now[0] - self._last[0] < self.every:
+            return None
+        wall, busy, own = (a - b for a, b in zip(now, self._last, strict=True))
+        self._last = now
+        others = max(0.0, (busy - own) / wall)
+        threads = max(1, self.usable - round(others))
+        if threads == torch.get_num_threads():
+            return None
+        torch.set_num_threads(threads)
+        return threads
+
+
+def check_threads(setting: Any) -> None:
+    """ConfigError unless ``run.threads`` is ``auto`` or a positive integer."""
+    if setting != AUTO and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
+        raise ConfigError(f"run.threads must be auto or a positive integer, got {setting!r}")
+
+
+def thread_governor(setting: Any) -> ThreadGovernor | None:
+    """``run.threads``: ``auto`` gives a :class:`ThreadGovernor`; a positive integer fixes that many threads."""
+    check_threads(setting)
+    if setting == AUTO:
+        return ThreadGovernor()
+    torch.set_num_threads(setting)
+    return None

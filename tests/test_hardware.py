@@ -1,0 +1,65 @@
+"""Issue 26: hardware-dependent choices made at run time (bf16, threads), never baked into a preset."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dpsynth.api import resolve_config
+from dpsynth.errors import ConfigError
+from dpsynth.hardware import ThreadGovernor, hardware_choices, resolve_bf16, usable_cores
+from dpsynth.methods import METHODS
+
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # what an AVX2-only CPU reports
+RESOLVE = "import torch; from dpsynth.hardware import resolve_bf16; print(resolve_bf16('auto', torch.device('cpu')))"
+
+
+def test_auto_bf16_follows_the_hardware_and_explicit_settings_win():
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert resolve_bf16("auto", torch.device("cpu")).value == native
+    assert resolve_bf16(True, torch.device("cpu")) .value and not resolve_bf16(False, torch.device("cpu")).value
+    with pytest.raises(ConfigError, match="dpsgd.bf16 must be auto, true or false, got 'yes'"):
+        resolve_bf16("yes", torch.device("cpu"), "dpsgd.bf16")
+
+
+def test_on_an_avx2_only_cpu_auto_chooses_fp32():
+    done = subprocess.run([sys.executable, "-c", RESOLVE], capture_output=True, text=True, check=True,
+                          env={**os.environ, **AVX2_ONLY})
+    assert "value=False" in done.stdout and "CPU capability AVX2" in done.stdout and "emulated" in done.stdout
+
+
+def test_no_preset_fixes_a_hardware_dependent_setting():
+    for name, method in METHODS.items():
+        for preset in method.presets:
+            config = resolve_config(name, preset=preset)
+            choices = hardware_choices(config, torch.device("cpu"))["choices"]
+            assert choices["evaluation.fast_inception"]["why"].startswith("auto"), (name, preset)
+            assert all(choice["why"].startswith("auto") for choice in choices.values()), (name, preset, choices)
+            assert config["run"]["threads"] == "auto"
+
+
+def test_bad_hardware_settings_are_refused_when_the_config_is_built():
+    with pytest.raises(ConfigError, match="dpsgd.bf16 must be auto, true or false"):
+        resolve_config("dpdm", overrides=["dpsgd.bf16=maybe"])
+    with pytest.raises(ConfigError, match="run.threads must be auto or a positive integer"):
+        resolve_config("dpdm", overrides=["run.threads=0"])
+
+
+@pytest.mark.skipif(usable_cores() < 2 or not os.path.exists("/proc/stat"), reason="needs 2 cores and /proc/stat")
+def test_the_governor_gives_up_the_cores_another_process_keeps_busy():
+    torch.set_num_threads(usable_cores())
+    governor = ThreadGovernor(every=0.5)
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(1.0)
+        assert governor.adjust() == usable_cores() - 1  # the other process holds one core
+    finally:
+        busy.wait()
+    time.sleep(0.6)
+    governor.adjust()
+    time.sleep(0.6)
+    assert governor.adjust() == usable_cores() or torch.get_num_threads() == usable_cores()
