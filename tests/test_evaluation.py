@@ -17,9 +17,12 @@ from dpsynth.evaluation.cache import FeatureCache
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
 from dpsynth.evaluation.inception import preprocess
+from dpsynth.hardware import resolve_bf16
 from dpsynth.models.classifiers import build_classifier
 from dpsynth.privacy import PrivacyLedger, ReportNoisyMax
 from dpsynth.privacy.mechanisms import report_noisy_max
+
+FAST = resolve_bf16("auto", torch.device("cpu")).value  # the Inception path a run takes on this CPU
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def digits() -> np.ndarray:
 @pytest.fixture(scope="module")
 def features(digits: np.ndarray) -> dict[str, np.ndarray]:
     """Inception features of two disjoint clean halves and of the second half with noise added."""
-    extractor = InceptionFeatures("cpu", fast=True)
+    extractor = InceptionFeatures("cpu", fast=FAST)
     rng = np.random.default_rng(0)
     clean_a, clean_b = digits[:60], digits[60:]
     out = {"a": extractor(clean_a), "b": extractor(clean_b)}
@@ -91,7 +94,7 @@ def test_precision_drops_when_half_the_synthetic_set_is_noise(features):
 
 
 def test_cache_hit_does_not_call_the_network(tmp_path, digits):
-    extractor = InceptionFeatures("cpu", fast=True)
+    extractor = InceptionFeatures("cpu", fast=FAST)
     cache = FeatureCache(tmp_path)
     first = cache.get(digits[:4], extractor.preprocessing, extractor)
 
