@@ -21,7 +21,7 @@ RESOLVE = "import torch; from dpsynth.hardware import resolve_bf16; print(resolv
 def test_auto_bf16_follows_the_hardware_and_explicit_settings_win():
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert resolve_bf16("auto", torch.device("cpu")).value == native
-    assert resolve_bf16(True, torch.device("cpu")) .value and not resolve_bf16(False, torch.device("cpu")).value
+    assert resolve_bf16(True, torch.device("cpu")).value and not resolve_bf16(False, torch.device("cpu")).value
     with pytest.raises(ConfigError, match="dpsgd.bf16 must be auto, true or false, got 'yes'"):
         resolve_bf16("yes", torch.device("cpu"), "dpsgd.bf16")
 

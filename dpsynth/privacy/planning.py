@@ -94,8 +94,10 @@ def check_within_plan(recorded: Mapping[str, Sequence[Event]], plan: Mapping[str
 
 def _begins(events: Sequence[Event], planned: Sequence[Event]) -> bool:
     """``events`` are ``planned`` up to a point, the last of them possibly with fewer repetitions."""
-    if not events or len(events) > len(planned) or list(events[:-1]) != list(planned[:len(events) - 1]):
-        return not events
+    if not events:
+        return True
+    if len(events) > len(planned) or list(events[:-1]) != list(planned[:len(events) - 1]):
+        return False
     last, target = events[-1], planned[len(events) - 1]
     repeats = next((name for name in ("steps", "count") if hasattr(target, name)), None)
     return last == target or (repeats is not None and type(last) is type(target)
