@@ -25,7 +25,7 @@ BASE_CONFIG: Config = {
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
     "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},
-    "sampling": {"num_samples": 60000, "batch_size": 500},
+    "sampling": {"num_samples": 60000, "batch_size": 500, "bf16": "auto", "compile": "auto"},
     "evaluation": {
         "enabled": True,
         "num_synthetic": 2000,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -139,10 +140,13 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     check_within_plan(ledger.stages(), budget.stages, bool(config["run"]["allow_non_private"]), complete=True)
     report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method, config)
     release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
+    start = time.perf_counter()
     images, labels, soft = method.generate(config["sampling"]["num_samples"], release_stream)
+    seconds = round(time.perf_counter() - start, 1)
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
-    run.log("released", epsilon=report["epsilon"], samples=len(labels), **_cuda_peak(context.device))
+    run.log("released", epsilon=report["epsilon"], samples=len(labels), sampling_seconds=seconds,
+            **method.sampling_report, **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
     print(f"released {len(labels)} images {guarantee}: {run.path}")

@@ -141,6 +141,7 @@ class Method(ABC):
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.sampling_report: dict[str, Any] = {}  # how the last generate() ran (precision, compile), for the log
 
     @classmethod
     def preset(cls, name: str | None) -> tuple[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
+from ..diffusion.inference import sampling_model
 from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
@@ -26,7 +27,7 @@ class DPDM(Method):
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
                       "label_dropout": 0.1,
-                      "sample_steps": 50, "guidance": 0.0},
+                      "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0},
         "dpsgd": {
             "batch_size": 4096,
             "epochs": 150.0,
@@ -45,8 +46,8 @@ class DPDM(Method):
         # Sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
         "cpu": {
             "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
-            "diffusion": {"sample_steps": 25},
-            "dpsgd": {"batch_size": 512, "epochs": 4.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
+            "diffusion": {"sample_steps": 10},
+            "dpsgd": {"batch_size": 512, "epochs": 6.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
                       "physical_batch_size": 128, "checkpoint_every": 25},
             "sampling": {"num_samples": 5000},
         },
@@ -95,8 +96,10 @@ class DPDM(Method):
         noise = event.noise_multiplier if isinstance(event, SubsampledGaussianMechanism) else None  # non-private
         bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
         engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"], bf16)
-        PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine, schedule.steps,
-                        settings["checkpoint_every"], ema, **hooks).run(context, make_batch, state)
+        batch_loss = self.diffusion.example_losses if loss is None else None
+        training = PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine,
+                                   schedule.steps, settings["checkpoint_every"], ema, batch_loss=batch_loss, **hooks)
+        training.run(context, make_batch, state)
         ema.copy_to(model)
         return ema
 
@@ -126,9 +129,24 @@ class DPDM(Method):
         labels = torch.arange(num_samples) % info.num_classes
         self.model.eval()
         chunks = labels.split(self.config["sampling"]["batch_size"])
-        images = torch.cat([
-            self.diffusion.sample(self.model, chunk, info.shape, info.num_classes, settings["sample_steps"],
-                                  settings["guidance"], generator)
-            for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
-        ])
+        work = num_samples * settings["sample_steps"]
+        with sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
+            images = torch.cat([
+                self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings["sample_steps"],
+                                      settings["guidance"], generator, sampler(self.config), chosen.device)
+                for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
+            ])
+        self.sampling_report = chosen.report()
         return images, labels, None
+
+    def _example(self, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Inputs of one sampling call of the UNet on a chunk (doubled under guidance), to compile it."""
+        assert self.info is not None
+        count = len(labels) * (2 if self.config["diffusion"]["guidance"] else 1)
+        return (torch.zeros(count, *self.info.shape), torch.full((count,), self.diffusion.timesteps - 1),
+                torch.zeros(count, dtype=torch.long))
+
+
+def sampler(config: dict[str, Any]) -> str:
+    """The release's sampler (DDIM for runs configured before ``diffusion.sampler`` existed, as they were)."""
+    return config["diffusion"].get("sampler", "ddim")

@@ -12,6 +12,7 @@ from ..config import Config, positive_setting
 from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
+from ..privacy.per_example import BatchLoss
 from .base import RunContext
 
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
@@ -32,7 +33,8 @@ class PrivateTraining:
     """``steps`` DP-SGD steps of ``model``, recorded in the ledger and checkpointed as phase ``stage``.
 
     ``extra_state`` adds method state to each checkpoint; ``after_step`` runs after each private step
-    (e.g. a discriminator update on non-private inputs) and returns metrics to show.
+    (e.g. a discriminator update on non-private inputs) and returns metrics to show. ``batch_loss``, the
+    per-example losses of a batch in one pass, lets the engine use batched per-example gradients.
     """
 
     stage: str
@@ -45,6 +47,7 @@ class PrivateTraining:
     ema: EMA | None = None
     extra_state: Callable[[], dict[str, Any]] = field(default=dict)
     after_step: Callable[[], dict[str, float]] | None = None
+    batch_loss: BatchLoss | None = None
 
     def run(self, context: RunContext, make_batch: MakeBatch, state: dict[str, Any] | None = None) -> None:
         """Train from ``state`` (a checkpoint of this phase) or from the start."""
@@ -58,10 +61,13 @@ class PrivateTraining:
             step = state["step"]
         engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
                        context.ledger, self.stage, context.noise, context.world, context.generator,
-                       context.example_generator)
+                       context.example_generator, self.batch_loss)
         progress = context.progress(self.steps, self.stage, initial=step)
+        first = step
         while step < self.steps:
             stats = engine.step(make_batch)
+            if step == first:  # the engine chose its per-example gradients at this step
+                context.log(f"{self.stage} engine", **(engine.engine or {}))
             context.adjust_threads()
             if self.ema is not None:
                 self.ema.update(self.model)

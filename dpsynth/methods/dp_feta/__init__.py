@@ -64,7 +64,7 @@ class DPFETA(DPDM):
         "paper": DPDM.presets["paper"],
         # DPDM's cpu preset, with part of its DP-SGD time given to the warm-up (see the README).
         "cpu": _merged(DPDM.presets["cpu"], {
-            "dpsgd": {"epochs": 3.25},
+            "dpsgd": {"epochs": 5.0},
             "warmup": {"iterations": 1000, "lr": 1e-3, "checkpoint_every": 250},
         }),
     }

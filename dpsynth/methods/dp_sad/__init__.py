@@ -38,7 +38,7 @@ from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
-from ..dpdm import DPDM
+from ..dpdm import DPDM, sampler
 from ..training import MakeBatch, dpsgd_schedule
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
@@ -118,7 +118,8 @@ class DPSAD(DPDM):
         labels = torch.arange(settings["pool"]) % info.num_classes
         teacher.eval()
         images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
-                                                  settings["pool_steps"], 0.0, context.generator)
+                                                  settings["pool_steps"], 0.0, context.generator,
+                                                  sampler(self.config))
                             for chunk in labels.split(self.config["sampling"]["batch_size"])])
         return {"pool_images": torch.from_numpy(to_uint8(images)), "pool_labels": labels}
 

@@ -67,7 +67,7 @@ class FETAPro(DPFETA):
         "paper": _merged(DPFETA.presets["paper"], {"warmup": {"iterations": 1000, "batch_size": 50}}),
         # DP-FETA's cpu preset with part of the DP-SGD time given to the frequency stage (see the README).
         "cpu": _merged(DPFETA.presets["cpu"], {
-            "dpsgd": {"epochs": 2.75},
+            "dpsgd": {"epochs": 4.25},
             "warmup": {"iterations": 500},
             "generator": {"epochs": 3, "iterations_per_epoch": 200, "images": 10000},
             "frequency_warmup": {"iterations": 1000, "batch_size": 64, "lr": 1e-3, "checkpoint_every": 250},

@@ -1,0 +1,130 @@
+"""Per-example gradients from one batched forward and backward pass (for models whose examples do not interact).
+
+``vmap(grad(loss))`` (:func:`dpsynth.privacy.dpsgd.per_example_gradients`) runs every operator through
+torch.func's batching rules; on the ``cpu`` UNet that costs 1.5-1.7x a non-private step (GroupNorm's and
+SiLU's batched backward, grouped convolutions). Here the model runs as usual on the whole batch; one
+``autograd.grad`` call takes the gradient of the summed per-example losses with respect to the *output* of every
+module with parameters (so no parameter gradient is formed), and each example's parameter gradient follows in
+closed form from that module's input and output gradient (Opacus' hooks, with a grouped convolution for
+convolution weights instead of an unfolded product): the same numbers as vmap, up to float rounding.
+
+Rows: a batch of B examples may run as B*K rows (noise multiplicity K, the rows of an example adjacent); an
+example's gradient is the sum over its rows.
+
+Exactness rests on the model treating examples independently (no BatchNorm in training mode, no operation
+across the batch) and on captured tensors not being modified in place. :meth:`BatchedGradients.agrees_with`
+checks both on a probe batch against vmap; the DP-SGD engine uses this path only after that check passed.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Params = dict[str, torch.Tensor]
+# loss(model, *batch_tensors) -> the loss of each example, shape (B,)
+BatchLoss = Callable[..., torch.Tensor]
+Rule = Callable[[nn.Module, torch.Tensor, torch.Tensor], Params]
+
+
+def _conv(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
+    """Each row's weight gradient as one convolution with the rows as groups; bias: summed output gradient."""
+    assert isinstance(module, nn.Conv2d)
+    rows, weight = len(inputs), module.weight
+    _, grad_weight, _ = torch.ops.aten.convolution_backward(
+        grad_out.reshape(1, -1, *grad_out.shape[2:]), inputs.to(grad_out.dtype).reshape(1, -1, *inputs.shape[2:]),
+        weight.detach().to(grad_out.dtype).repeat(rows, 1, 1, 1), None, module.stride, module.padding,
+        module.dilation, False, [0, 0], rows * module.groups, [False, True, False])
+    grads = {"weight": grad_weight.view(rows, *weight.shape)}
+    if module.bias is not None:
+        grads["bias"] = grad_out.sum((2, 3))
+    return grads
+
+
+def _linear(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
+    """Outer products of output gradient and input, summed over any token dimensions."""
+    grads = {"weight": torch.einsum("b...o,b...i->boi", grad_out, inputs.to(grad_out.dtype))}
+    if getattr(module, "bias", None) is not None:
+        grads["bias"] = grad_out.reshape(len(grad_out), -1, grad_out.shape[-1]).sum(1)
+    return grads
+
+
+def _group_norm(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
+    """Output gradient times the normalised input (weight), output gradient (bias), summed over positions."""
+    assert isinstance(module, nn.GroupNorm)
+    normalised = F.group_norm(inputs.to(grad_out.dtype), module.num_groups, None, None, module.eps)
+    return {"weight": (grad_out * normalised).flatten(2).sum(2), "bias": grad_out.flatten(2).sum(2)}
+
+
+def _embedding(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
+    """Each row's output gradient added to the rows of the table it looked up."""
+    assert isinstance(module, nn.Embedding)
+    rows, dim = len(inputs), module.embedding_dim
+    grad = grad_out.new_zeros(rows, module.num_embeddings, dim)
+    return {"weight": grad.scatter_add_(1, inputs.reshape(rows, -1, 1).expand(-1, -1, dim),
+                                        grad_out.reshape(rows, -1, dim))}
+
+
+RULES: dict[type[nn.Module], Rule] = {nn.Conv2d: _conv, nn.Linear: _linear, nn.GroupNorm: _group_norm,
+                                      nn.Embedding: _embedding}
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why :class:`BatchedGradients` cannot serve ``model`` (a module with parameters it has no rule for), or None."""
+    for name, module in model.named_modules():
+        if not any(True for _ in module.parameters(recurse=False)):
+            continue
+        if type(module) not in RULES:
+            return f"{name or 'the model'} is a {type(module).__name__}"
+        if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
+            return f"{name} pads with {module.padding_mode} / {module.padding!r}"
+    return None
+
+
+class BatchedGradients:
+    """Per-example gradients of ``loss`` (per-example losses of a batch) for the parameters in ``params``."""
+
+    def __init__(self, model: nn.Module, loss: BatchLoss, params: Params) -> None:
+        self.model, self.loss, self.params = model, loss, params
+        self.modules = {name: module for name, module in model.named_modules()
+                        if any(p.requires_grad for p in module.parameters(recurse=False))}
+
+    def __call__(self, batch: Sequence[torch.Tensor]) -> Params:
+        captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        handles = [module.register_forward_hook(self._capture(captured, name)) for name, module in self.modules.items()]
+        try:
+            losses = self.loss(self.model, *batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+        names = list(captured)
+        outputs = torch.autograd.grad(losses.sum(), [captured[name][1] for name in names], allow_unused=True)
+        count, grads = len(losses), {}
+        for name, grad_out in zip(names, outputs, strict=True):
+            module, inputs = self.modules[name], captured[name][0]
+            if grad_out is None:
+                continue
+            for param, grad in RULES[type(module)](module, inputs, grad_out).items():
+                if f"{name}.{param}" in self.params:
+                    grads[f"{name}.{param}"] = grad.float().view(count, -1, *grad.shape[1:]).sum(1)
+        return {name: grads[name] if name in grads else param.new_zeros(count, *param.shape)
+                for name, param in self.params.items()}
+
+    @staticmethod
+    def _capture(captured: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            if name in captured:
+                raise RuntimeError(f"{name} runs twice in one forward pass; per-example rules need one call")
+            captured[name] = (inputs[0].detach(), output)
+        return hook
+
+    def agrees_with(self, reference: Params, batch: Sequence[torch.Tensor], tolerance: float = 1e-3) -> bool:
+        """Whether every example's whole gradient on ``batch`` is within ``tolerance`` (relative L2) of
+        ``reference`` (vmap's); computed in fp32."""
+        with torch.autocast(batch[0].device.type, enabled=False):
+            ours = self(batch)
+        error = torch.stack([(ours[n] - reference[n]).flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
+        size = torch.stack([reference[n].flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
+        return bool((error <= tolerance * size + 1e-12).all())
