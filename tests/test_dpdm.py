@@ -15,7 +15,10 @@ import yaml
 from conftest import kill_after_recorded_steps
 
 from dpsynth.diffusion import Diffusion
+from dpsynth.diffusion.ddpm import SAMPLERS
+from dpsynth.diffusion.inference import sampling_model
 from dpsynth.errors import ConfigError
+from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
 
 TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
@@ -105,18 +108,38 @@ class _Oracle(torch.nn.Module):
         return SimpleNamespace(sample=out)
 
 
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
 @pytest.mark.parametrize("prediction", ["epsilon", "v"])
-def test_ddim_with_the_exact_denoiser_returns_the_data_and_its_loss_is_zero(prediction):
+def test_every_sampler_with_the_exact_denoiser_returns_the_data_and_its_loss_is_zero(prediction, sampler):
     diffusion = Diffusion(prediction=prediction)
     image = torch.rand(1, 6, 6)
     oracle = _Oracle(diffusion, image)
     samples = diffusion.sample(oracle, torch.zeros(3, dtype=torch.long), (1, 6, 6), null_label=1, steps=10,
-                               generator=torch.Generator().manual_seed(0))
+                               generator=torch.Generator().manual_seed(0), sampler=sampler,
+                               device=torch.device("cpu"))
     assert torch.allclose(samples, image.expand(3, -1, -1, -1), atol=1e-3)
     times, noise = diffusion.training_inputs(1, 4, (1, 6, 6), torch.Generator().manual_seed(0))
     assert diffusion.example_loss(oracle, image, torch.tensor(0), times[0], noise[0]) < 1e-8
 
 
-def test_unknown_prediction_is_a_config_error():
+def test_a_compiled_sampling_model_draws_what_the_eager_one_draws():
+    torch.manual_seed(0)
+    model, diffusion = build_unet(1, 8, 3, [8, 16], norm_groups=4).eval(), Diffusion(timesteps=100)
+    labels = torch.arange(4) % 3
+    example = (torch.zeros(4, 1, 8, 8), torch.full((4,), 99), torch.zeros(4, dtype=torch.long))
+    samples = []
+    for compiled in (False, True):
+        with sampling_model(model, {"bf16": False, "compile": compiled}, 16, example) as chosen:
+            samples.append(diffusion.sample(chosen.model, labels, (1, 8, 8), 3, 3,
+                                            generator=torch.Generator().manual_seed(0), device=chosen.device))
+        assert chosen.report() == {"sampling_bf16": False, "sampling_compiled": compiled,
+                                   "sampling_compile_seconds": round(chosen.compile_seconds, 1)}
+    assert chosen.compile_seconds > 0
+    assert torch.allclose(samples[0], samples[1], atol=1e-4)
+
+
+def test_unknown_prediction_or_sampler_is_a_config_error():
     with pytest.raises(ConfigError, match="diffusion.prediction must be one of epsilon, v"):
         Diffusion(prediction="x0")
+    with pytest.raises(ConfigError, match=r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"):
+        Diffusion().scheduler("euler", 10)

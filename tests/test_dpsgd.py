@@ -10,6 +10,7 @@ from dpsynth.diffusion import Diffusion
 from dpsynth.models import build_unet
 from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
 from dpsynth.privacy.dpsgd import DPSGD, EMA, DpsgdSettings, clip_gradient, clipped_sum, per_example_gradients
+from dpsynth.privacy.per_example import BatchedGradients
 
 
 def small_unet() -> nn.Module:
@@ -30,6 +31,64 @@ def test_per_example_gradients_equal_single_example_backward_passes():
         diffusion.example_loss(model, images[i], labels[i], times[i], noise[i]).backward()
         for name, param in model.named_parameters():
             assert torch.allclose(grads[name][i], param.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_batched_per_example_gradients_equal_single_example_backward_passes():
+    """Convolutions, linear layers (time embedding, attention), GroupNorm and the class embedding, K = 2 rows."""
+    model, diffusion = small_unet(), Diffusion(timesteps=100)
+    images, labels = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    times, noise = diffusion.training_inputs(4, 2, (1, 8, 8), torch.Generator().manual_seed(1))
+    params = dict(model.named_parameters())
+    grads = BatchedGradients(model, diffusion.example_losses, params)((images, labels, times, noise))
+    assert set(grads) == set(params)
+    for i in range(4):
+        model.zero_grad()
+        diffusion.example_loss(model, images[i], labels[i], times[i], noise[i]).backward()
+        for name, param in model.named_parameters():
+            assert torch.allclose(grads[name][i], param.grad, atol=1e-5, rtol=1e-4), name
+
+
+def _unet_steps(batch_loss: bool) -> tuple[nn.Module, DPSGD]:
+    """One DP-SGD step of the small UNet on fixed data and noise, with or without the batched engine."""
+    model, diffusion = small_unet(), Diffusion(timesteps=100)
+    images, labels = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    times, noise = diffusion.training_inputs(6, 1, (1, 8, 8), torch.Generator().manual_seed(2))
+    engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), diffusion.example_loss,
+                   DpsgdSettings(1.0, 0.5, 1.0, 4), 6, PrivacyLedger(), "dp-sgd", secret_stream(3),
+                   batch_loss=diffusion.example_losses if batch_loss else None)
+    engine.step(lambda index: (images[index], labels[index], times[index], noise[index]))
+    return model, engine
+
+
+def test_the_batched_engine_takes_the_step_the_vmap_engine_takes():
+    batched, engine = _unet_steps(True)
+    reference, vmap = _unet_steps(False)
+    assert engine.engine == {"per_example": "batched", "why": "agreed with vmap on a probe batch"}
+    assert vmap.engine == {"per_example": "vmap", "why": "no batch loss"}
+    for (name, ours), theirs in zip(batched.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-6), name
+
+
+class CentresTheBatch(nn.Module):
+    """A layer whose output for one example depends on the others (as BatchNorm's in training mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x - x.mean(0))
+
+
+@pytest.mark.parametrize("interacting, why", [(True, "disagreed with vmap"), (False, "the model is a Linear")])
+def test_models_the_batched_rules_do_not_fit_keep_the_vmap_engine(interacting, why):
+    """Examples that interact are caught by the probe; a module without a rule (this file's Linear) up front."""
+    model, data = (CentresTheBatch(), torch.randn(8, 3)) if interacting else (Linear(), torch.randn(8, 2000))
+    engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda f, x: f(x[None]).pow(2).sum(),
+                   DpsgdSettings(1.0, 1.0, 1.0, 8), 8, PrivacyLedger(), "dp-sgd", secret_stream(4),
+                   batch_loss=lambda m, x: m(x).pow(2).flatten(1).sum(1))
+    engine.step(lambda index: (data[index],))
+    assert engine.engine["per_example"] == "vmap" and why in engine.engine["why"]
 
 
 def test_clipping_bounds_every_example_norm():

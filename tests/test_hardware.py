@@ -11,7 +11,7 @@ import torch
 
 from dpsynth.api import resolve_config
 from dpsynth.errors import ConfigError
-from dpsynth.hardware import ThreadGovernor, hardware_choices, resolve_bf16, usable_cores
+from dpsynth.hardware import ThreadGovernor, hardware_choices, resolve_bf16, resolve_compile, usable_cores
 from dpsynth.methods import METHODS
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # what an AVX2-only CPU reports
@@ -32,6 +32,17 @@ def test_on_an_avx2_only_cpu_auto_chooses_fp32():
     assert "value=False" in done.stdout and "CPU capability AVX2" in done.stdout and "emulated" in done.stdout
 
 
+def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_compile("auto", cpu, bf16=False, image_steps=50_000).value
+    assert not resolve_compile("auto", cpu, bf16=False, image_steps=300).value  # would not repay the compilation
+    assert not resolve_compile("auto", cpu, bf16=True, image_steps=600_000).value  # bf16 autocast is faster
+    assert not resolve_compile("auto", cuda, bf16=False, image_steps=600_000).value  # not measured on a GPU
+    assert resolve_compile(True, cpu, bf16=True, image_steps=1).value
+    with pytest.raises(ConfigError, match="sampling.compile must be auto, true or false, got 'fast'"):
+        resolve_compile("fast", cpu, bf16=False, image_steps=1)
+
+
 def test_no_preset_fixes_a_hardware_dependent_setting():
     for name, method in METHODS.items():
         for preset in method.presets:
@@ -47,6 +58,8 @@ def test_bad_hardware_settings_are_refused_when_the_config_is_built():
         resolve_config("dpdm", overrides=["dpsgd.bf16=maybe"])
     with pytest.raises(ConfigError, match="run.threads must be auto or a positive integer"):
         resolve_config("dpdm", overrides=["run.threads=0"])
+    with pytest.raises(ConfigError, match="sampling.compile must be auto, true or false, got 'maybe'"):
+        resolve_config("dpdm", overrides=["sampling.compile=maybe"])
 
 
 @pytest.mark.skipif(usable_cores() < 2 or not os.path.exists("/proc/stat"), reason="needs 2 cores and /proc/stat")

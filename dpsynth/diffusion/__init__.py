@@ -1,4 +1,4 @@
-"""Diffusion: DDPM epsilon-prediction training loss and a DDIM sampler with classifier-free guidance."""
+"""Diffusion: DDPM training losses (epsilon or v), samplers with classifier-free guidance, the sampling model."""
 from .ddpm import Diffusion
 
 __all__ = ["Diffusion"]

@@ -96,27 +96,16 @@ def evaluate_release(
     """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics
     (with ``method_metrics``, the method's own measurements, under "method")."""
     out = Path(out_dir)
-    fast = resolve_bf16(settings.fast_inception, device, "evaluation.fast_inception").value
-    extractor = InceptionFeatures(device, fast, settings.inception_batch_size)
-    cache = FeatureCache(settings.cache_dir)
-    real_set = dataset.split(settings.real_split)
-    real_index = _first(settings.num_real, len(real_set), settings.seed)
-    real_images = to_uint8(real_set.images[torch.from_numpy(real_index)])
-    real = cache.get(real_images, extractor.preprocessing, lambda images: extractor(images, "Inception (real)"))
+    extractor = inception_extractor(settings, device)
+    real_images, real = real_features(dataset, settings, extractor)
     synthetic_index = _first(settings.num_synthetic, len(release), settings.seed + 1)
     synthetic = extractor(release.images[synthetic_index], "Inception (synthetic)")
     metrics: dict[str, Any] = {
         "note": NOTE,
         "images": {"synthetic": len(synthetic), "real": len(real), "real_split": settings.real_split,
                    "inception": extractor.preprocessing},
-        "fid": fid(Moments.of(synthetic), Moments.of(real)),
-        "fid_infinity": fid_infinity(synthetic, real, seed=settings.seed),
+        **fidelity_metrics(synthetic, real, settings),
     }
-    kid_mean, kid_std = kid(synthetic, real, settings.kid_subsets, settings.kid_subset_size, settings.seed)
-    metrics["kid"] = {"mean": kid_mean, "std": kid_std, "subsets": settings.kid_subsets,
-                      "subset_size": min(settings.kid_subset_size, len(synthetic), len(real))}
-    precision, recall = precision_recall(real, synthetic, settings.pr_k)
-    metrics["precision"], metrics["recall"], metrics["pr_k"] = precision, recall, settings.pr_k
     metrics["accuracy"] = _accuracies(release, dataset, settings, ledger, device)
     if settings.classifiers:
         metrics["evaluation_privacy"] = ledger_report(ledger, accountant, delta).get("evaluation")
@@ -125,6 +114,33 @@ def evaluate_release(
     _pictures(release, synthetic_index, synthetic, real_images, real, dataset, settings, out, log_path)
     atomic_write_json(out / METRICS, metrics)
     return metrics
+
+
+def inception_extractor(settings: EvaluationSettings, device: torch.device) -> InceptionFeatures:
+    """The Inception network in the precision ``evaluation.fast_inception`` resolves to on ``device``."""
+    fast = resolve_bf16(settings.fast_inception, device, "evaluation.fast_inception").value
+    return InceptionFeatures(device, fast, settings.inception_batch_size)
+
+
+def real_features(dataset: Dataset, settings: EvaluationSettings, extractor: InceptionFeatures
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The real images FID compares with (``num_real`` of ``real_split``, uint8) and their cached features."""
+    real_set = dataset.split(settings.real_split)
+    real_images = to_uint8(real_set.images[torch.from_numpy(_first(settings.num_real, len(real_set), settings.seed))])
+    cache = FeatureCache(settings.cache_dir)
+    return real_images, cache.get(real_images, extractor.preprocessing,
+                                  lambda images: extractor(images, "Inception (real)"))
+
+
+def fidelity_metrics(synthetic: np.ndarray, real: np.ndarray, settings: EvaluationSettings) -> dict[str, Any]:
+    """FID, FID-infinity, KID and precision / recall of synthetic against real Inception features."""
+    kid_mean, kid_std = kid(synthetic, real, settings.kid_subsets, settings.kid_subset_size, settings.seed)
+    precision, recall = precision_recall(real, synthetic, settings.pr_k)
+    return {"fid": fid(Moments.of(synthetic), Moments.of(real)),
+            "fid_infinity": fid_infinity(synthetic, real, seed=settings.seed),
+            "kid": {"mean": kid_mean, "std": kid_std, "subsets": settings.kid_subsets,
+                    "subset_size": min(settings.kid_subset_size, len(synthetic), len(real))},
+            "precision": precision, "recall": recall, "pr_k": settings.pr_k}
 
 
 def _accuracies(release: Release, dataset: Dataset, settings: EvaluationSettings, ledger: PrivacyLedger,

@@ -6,7 +6,7 @@ N(0, (sigma C)^2) once, divides by the *expected* batch size q N and hands the r
 The step is recorded in the ledger before the noisy gradient is used.
 
 With a ``batch_loss`` (the per-example losses of a whole batch) and a model of supported layers, the
-per-example gradients come from one batched pass instead (:mod:`dpsynth.privacy.per_example`, 1.4-1.6x faster
+per-example gradients come from one batched pass instead (:mod:`dpsynth.privacy.per_example`, 1.1-1.4x faster
 on the ``cpu`` UNet), once a probe on the first batch agreed with vmap.
 
 On several processes (:class:`~dpsynth.distributed.World`) every rank draws the same Poisson sample from
