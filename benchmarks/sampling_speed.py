@@ -21,7 +21,7 @@ import time
 import torch
 
 from dpsynth.diffusion import Diffusion
-from dpsynth.diffusion.inference import sampling_model
+from dpsynth.diffusion.inference import sampling_inputs, sampling_model
 from dpsynth.models import build_unet
 
 
@@ -58,7 +58,7 @@ def main() -> None:
 def _time(model: torch.nn.Module, diffusion: Diffusion, labels: torch.Tensor, sampler: str, steps: int,
           settings: dict, args: argparse.Namespace) -> tuple[float, float, dict]:
     """Median seconds to sample ``labels`` (compilation excluded), the compilation's seconds, the choices."""
-    example = (torch.zeros(args.batch, 1, 28, 28), torch.full((args.batch,), 999), torch.zeros(args.batch).long())
+    example = sampling_inputs(args.batch, (1, 28, 28), diffusion.timesteps)
     with sampling_model(model, settings, args.release * steps, example) as chosen:
         rounds = []
         for _ in range(args.rounds):

@@ -127,13 +127,19 @@ def _run(args: argparse.Namespace) -> None:
     if args.nproc < 1:
         raise DpsynthError(f"--nproc must be at least 1, got {args.nproc}")
     if args.resume:
-        if args.method:
-            raise DpsynthError("--resume takes its method and config from the run directory; give no METHOD")
+        given = [option for option, value in (("METHOD", args.method), ("--dataset", args.dataset),
+                                              ("--data-dir", args.data_dir), ("--epsilon", args.epsilon),
+                                              ("--preset", args.preset), ("--api", args.api),
+                                              ("--api-model", args.api_model), ("--public", args.public)) if value]
+        if given:
+            raise DpsynthError(f"--resume takes its method and config from the run directory; leave out "
+                               f"{', '.join(given)} (--device and --set of where and in what chunks it computes "
+                               "may change)")
         if args.nproc > 1:
             resumable(args.resume)
             _run_processes(args)
             return
-        run = resume(args.resume)
+        run = resume(args.resume, parse_overrides(args.set + ([f"run.device={args.device}"] if args.device else [])))
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
@@ -206,6 +212,18 @@ def _bench(args: argparse.Namespace) -> None:
     if failed:
         raise DpsynthError(f"{len(failed)} cell(s) failed: {', '.join(failed)}; their bench.out says why; "
                            "rerun the same command to retry them")
+
+
+def _doctor(args: argparse.Namespace) -> None:
+    from .doctor import doctor
+
+    methods = sorted(METHODS) if args.methods == ["all"] else args.methods
+    unknown = [name for name in methods if name not in METHODS]
+    if unknown:
+        raise DpsynthError(f"unknown method(s) {', '.join(unknown)}; known: all, {', '.join(sorted(METHODS))}")
+    failed = [checkup.method for checkup in doctor(args.device, methods, args.keep) if not checkup.passed]
+    if failed:
+        raise DpsynthError(f"{len(failed)} of {len(methods)} methods failed on this device: {', '.join(failed)}")
 
 
 def _audit(args: argparse.Namespace) -> None:
@@ -308,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--set", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                        help="override a config key in every run, or in one method's runs (repeatable)")
     bench.set_defaults(handler=_bench)
+
+    doctor = commands.add_parser("doctor", help="each method a few steps on a tiny configuration on this device, "
+                                                  "interrupted and resumed, then its ledger and release checked")
+    doctor.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
+    doctor.add_argument("--methods", nargs="+", default=["all"], help=f"all, or some of: {', '.join(sorted(METHODS))}")
+    doctor.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: removed)")
+    doctor.set_defaults(handler=_doctor)
 
     audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests)")
     audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM", help="all, or names from the table it prints")

@@ -31,9 +31,9 @@ class Choice:
 
 def native_bf16(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bf16 natively, and what says so."""
-    if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
-        return supported, f"{torch.cuda.get_device_name(device)}: bf16 {'supported' if supported else 'unsupported'}"
+    if device.type == "cuda":  # bf16 tensor cores from compute capability 8.0 (Ampere); emulated before
+        supported = torch.cuda.is_bf16_supported(including_emulation=False)
+        return supported, f"{torch.cuda.get_device_name(device)}: bf16 {'native' if supported else 'emulated'}"
     supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return supported, (f"CPU capability {torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 "
                        f"{'native' if supported else 'emulated (slower than fp32)'}")

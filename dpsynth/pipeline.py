@@ -61,13 +61,28 @@ def resumable(path: str) -> RunDirectory:
     return run
 
 
-def resume(path: str) -> RunDirectory:
-    """Continue the run in ``path`` from its last checkpoint (ledger and RNG included)."""
+# What a resumed run may change: where and in what chunks it computes, never what (the privacy plan, the model).
+RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "api.batch_size", "statistics.batch_size",
+                   "*.physical_batch_size")
+
+
+def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory:
+    """Continue the run in ``path`` from its last checkpoint (ledger and RNG included), with ``overrides`` of
+    :data:`RESUME_SETTINGS` (written to its config.yaml and log)."""
     run = resumable(path)
-    config = run.config()
+    config, overrides = run.config(), list(overrides)
+    for key, value in overrides:
+        if key not in RESUME_SETTINGS and not (key.endswith(".physical_batch_size") and key.count(".") == 1):
+            raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(RESUME_SETTINGS)} (where and "
+                              "in what chunks it computes); the rest of its config is what its privacy plan covers")
+        set_value(config, key, value, f"--resume {path}")
     dataset = dataset_from_config(config)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
-    return execute(run, dataset, world=World.from_environment(pick_device(config["run"]["device"])))
+    world = World.from_environment(pick_device(config["run"]["device"]))
+    if overrides and world.is_main:
+        run.write_config(config)
+        run.log("resume settings", **dict(overrides))
+    return execute(run, dataset, world=world)
 
 
 def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,

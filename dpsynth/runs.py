@@ -93,11 +93,13 @@ class RunDirectory:
         path = self.file(LEDGER)
         return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
 
+    def write_config(self, config: Config) -> None:
+        atomic_write_text(self.file(CONFIG), dump_config(config))
+
     def record_hardware(self, hardware: dict[str, Any]) -> None:
         """Write what this machine is and the hardware-dependent choices made on it into config.yaml's
         ``hardware`` section (each start or resume rewrites it), and log them."""
-        config = {**self.config(), "hardware": hardware}
-        atomic_write_text(self.file(CONFIG), dump_config(config))
+        self.write_config({**self.config(), "hardware": hardware})
         self.log("hardware", **hardware)
 
     def log(self, event: str, **fields: Any) -> None:

@@ -16,7 +16,7 @@ from conftest import kill_after_recorded_steps
 
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import SAMPLERS
-from dpsynth.diffusion.inference import sampling_model
+from dpsynth.diffusion.inference import sampling_inputs, sampling_model
 from dpsynth.errors import ConfigError
 from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
@@ -122,14 +122,16 @@ def test_every_sampler_with_the_exact_denoiser_returns_the_data_and_its_loss_is_
     assert diffusion.example_loss(oracle, image, torch.tensor(0), times[0], noise[0]) < 1e-8
 
 
-def test_a_compiled_sampling_model_draws_what_the_eager_one_draws():
+def test_a_compiled_sampling_model_draws_what_the_eager_one_draws_without_compiling_again(
+        monkeypatch: pytest.MonkeyPatch):
     torch.manual_seed(0)
     model, diffusion = build_unet(1, 8, 3, [8, 16], norm_groups=4).eval(), Diffusion(timesteps=100)
     labels = torch.arange(4) % 3
-    example = (torch.zeros(4, 1, 8, 8), torch.full((4,), 99), torch.zeros(4, dtype=torch.long))
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # the example must match real calls
     samples = []
     for compiled in (False, True):
-        with sampling_model(model, {"bf16": False, "compile": compiled}, 16, example) as chosen:
+        with sampling_model(model, {"bf16": False, "compile": compiled}, 16,
+                            sampling_inputs(4, (1, 8, 8), diffusion.timesteps)) as chosen:
             samples.append(diffusion.sample(chosen.model, labels, (1, 8, 8), 3, 3,
                                             generator=torch.Generator().manual_seed(0), device=chosen.device))
         assert chosen.report() == {"sampling_bf16": False, "sampling_compiled": compiled,

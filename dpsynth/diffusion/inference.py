@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..hardware import AUTO, Choice, resolve_bf16, resolve_compile
+from ..utils.device import bf16_autocast
 
 
 @dataclass
@@ -37,19 +38,27 @@ class SamplingModel:
                 "sampling_compile_seconds": round(self.compile_seconds, 1)}
 
 
+def sampling_inputs(rows: int, shape: tuple[int, ...], timesteps: int) -> tuple[torch.Tensor, ...]:
+    """Noisy images, times and labels of one UNet call on ``rows`` rows, laid out as :meth:`Diffusion.denoise`
+    passes them (one time expanded over the rows): a compiled graph guards on strides, and an example with other
+    strides cost a second compilation at the first real call (measured: 14-70 s on AVX2)."""
+    return torch.zeros(rows, *shape), torch.tensor(timesteps - 1).expand(rows), torch.zeros(rows, dtype=torch.long)
+
+
 @contextlib.contextmanager
 def sampling_model(model: nn.Module, settings: dict[str, Any], image_steps: int, example: tuple[torch.Tensor, ...]
                    ) -> Iterator[SamplingModel]:
     """``model`` prepared by ``settings`` (``bf16``, ``compile``) to sample ``image_steps`` images x steps;
     autocast is active inside.
 
-    ``example`` (noisy images, times, labels of one batch) is run once to compile, so the time reported is
-    the compilation's."""
+    ``example`` (:func:`sampling_inputs` of one chunk) is run once to compile, so the time reported is the
+    compilation's. A last chunk of another size is compiled again when it comes (keep ``sampling.num_samples`` a
+    multiple of ``sampling.batch_size`` where compiling)."""
     device = next(model.parameters()).device
     bf16 = resolve_bf16(settings.get("bf16", AUTO), device, "sampling.bf16")
     compiled = resolve_compile(settings.get("compile", AUTO), device, bf16.value, image_steps)
     chosen = SamplingModel(model, device, bf16, compiled)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16.value):
+    with torch.no_grad(), bf16_autocast(device, bf16.value):
         if compiled.value:
             start = time.perf_counter()
             chosen.model = torch.compile(model, options={"freezing": True})

@@ -21,6 +21,7 @@ from ..data import ImageSet
 from ..data.fingerprints import FINGERPRINTS, fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
+from ..utils.device import to_device
 from .ddpm import Diffusion
 
 TRAINING_STATE = "pretraining.json"
@@ -63,7 +64,8 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
     for step in tqdm(range(1, settings.iterations + 1), desc="pretrain", dynamic_ncols=True):
         index = torch.randint(len(data), (settings.batch_size,), generator=generator)
         times, noise = diffusion.training_inputs(settings.batch_size, 1, (channels, height, width), generator)
-        loss = diffusion.batch_loss(model, data.images[index].to(device), None, times.to(device), noise.to(device))
+        images, times, noise = (to_device(t, device) for t in (data.images[index], times, noise))
+        loss = diffusion.batch_loss(model, images, None, times, noise)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..hardware import resolve_bf16
 from ..models.classifiers import build_classifier
 from ..privacy import Accountant, PrivacyLedger, ledger_report
+from ..utils.device import memory_limited_by
 from ..utils.images import class_grid, save_png, to_uint8
 from ..utils.io import atomic_write_json
 from .cache import FeatureCache
@@ -96,10 +97,12 @@ def evaluate_release(
     """Compute every metric, write ``metrics.json`` and the pictures into ``out_dir``, return the metrics
     (with ``method_metrics``, the method's own measurements, under "method")."""
     out = Path(out_dir)
-    extractor = inception_extractor(settings, device)
-    real_images, real = real_features(dataset, settings, extractor)
     synthetic_index = _first(settings.num_synthetic, len(release), settings.seed + 1)
-    synthetic = extractor(release.images[synthetic_index], "Inception (synthetic)")
+    with memory_limited_by("evaluation.inception_batch_size", settings.inception_batch_size,
+                           "computing Inception features", "dpsynth evaluate RUN_DIR"):
+        extractor = inception_extractor(settings, device)
+        real_images, real = real_features(dataset, settings, extractor)
+        synthetic = extractor(release.images[synthetic_index], "Inception (synthetic)")
     metrics: dict[str, Any] = {
         "note": NOTE,
         "images": {"synthetic": len(synthetic), "real": len(real), "real_split": settings.real_split,

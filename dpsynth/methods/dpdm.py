@@ -8,11 +8,12 @@ from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
-from ..diffusion.inference import sampling_model
+from ..diffusion.inference import sampling_inputs, sampling_model
 from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
+from ..utils.device import memory_limited_by, to_device
 from .base import Method, Release, RunContext, register
 from .training import MakeBatch, PrivateTraining, dpsgd_schedule
 
@@ -35,7 +36,9 @@ class DPDM(Method):
             "clip": 1.0,
             "lr": 3e-4,
             "ema": 0.999,
-            "physical_batch_size": 64,
+            # K = 32 rows each: 16 examples take ~8 GiB (28 x 28) / ~10 GiB (32 x 32) on a GPU (estimated), within
+            # a 24 GB card; on 80 GB, 64 (benchmarks/gpu_memory.py, README "GPUs").
+            "physical_batch_size": 16,
             "checkpoint_every": 50,
             "bf16": "auto",  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
         },
@@ -81,14 +84,16 @@ class DPDM(Method):
         if state is None:  # the warm-up runs once, on rank 0; DP-SGD starts from its model on every rank
             context.on_main(lambda: self.pretrain(context, model))
             context.world.broadcast_module(model)
-        self.model, self.ema = model, self._train_private(context, model, "dp-sgd", self.config["dpsgd"],
+        self.model, self.ema = model, self._train_private(context, model, "dp-sgd", "dpsgd",
                                                           self._batch_maker(context), state)
 
-    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, settings: dict[str, Any],
+    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, section: str,
                        make_batch: MakeBatch, state: dict[str, Any] | None, loss: ExampleLoss | None = None,
                        **hooks: Any) -> EMA:
-        """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA;
-        ends with the EMA weights. ``hooks``: PrivateTraining's ``extra_state`` and ``after_step``."""
+        """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA, set by
+        config section ``section``; ends with the EMA weights. ``hooks``: PrivateTraining's ``extra_state`` and
+        ``after_step``."""
+        settings = self.config[section]
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
@@ -98,7 +103,9 @@ class DPDM(Method):
         engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"], bf16)
         batch_loss = self.diffusion.example_losses if loss is None else None
         training = PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine,
-                                   schedule.steps, settings["checkpoint_every"], ema, batch_loss=batch_loss, **hooks)
+                                   schedule.steps, settings["checkpoint_every"],
+                                   (f"{section}.physical_batch_size", settings["physical_batch_size"]), ema,
+                                   batch_loss=batch_loss, **hooks)
         training.run(context, make_batch, state)
         ema.copy_to(model)
         return ema
@@ -118,7 +125,7 @@ class DPDM(Method):
             labels = train.labels[indices].clone()
             labels[torch.rand(len(indices), generator=generator) < dropout] = null
             times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
-            return tuple(t.to(device) for t in (train.images[indices], labels, times, noise))
+            return tuple(to_device(t, device) for t in (train.images[indices], labels, times, noise))
 
         return make_batch
 
@@ -128,9 +135,11 @@ class DPDM(Method):
         info, settings = self.info, self.config["diffusion"]
         labels = torch.arange(num_samples) % info.num_classes
         self.model.eval()
-        chunks = labels.split(self.config["sampling"]["batch_size"])
+        batch_size = self.config["sampling"]["batch_size"]
+        chunks = labels.split(batch_size)
         work = num_samples * settings["sample_steps"]
-        with sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
+        with memory_limited_by("sampling.batch_size", batch_size, "sampling the release"), \
+                sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
             images = torch.cat([
                 self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings["sample_steps"],
                                       settings["guidance"], generator, sampler(self.config), chosen.device)
@@ -142,9 +151,8 @@ class DPDM(Method):
     def _example(self, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Inputs of one sampling call of the UNet on a chunk (doubled under guidance), to compile it."""
         assert self.info is not None
-        count = len(labels) * (2 if self.config["diffusion"]["guidance"] else 1)
-        return (torch.zeros(count, *self.info.shape), torch.full((count,), self.diffusion.timesteps - 1),
-                torch.zeros(count, dtype=torch.long))
+        rows = len(labels) * (2 if self.config["diffusion"]["guidance"] else 1)
+        return sampling_inputs(rows, self.info.shape, self.diffusion.timesteps)
 
 
 def sampler(config: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
 from ..privacy.per_example import BatchLoss
+from ..utils.device import memory_limited_by
 from .base import RunContext
 
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
@@ -35,6 +36,7 @@ class PrivateTraining:
     ``extra_state`` adds method state to each checkpoint; ``after_step`` runs after each private step
     (e.g. a discriminator update on non-private inputs) and returns metrics to show. ``batch_loss``, the
     per-example losses of a batch in one pass, lets the engine use batched per-example gradients.
+    ``memory_setting`` (key and value) is what an out-of-memory error tells the user to lower.
     """
 
     stage: str
@@ -44,9 +46,10 @@ class PrivateTraining:
     settings: DpsgdSettings
     steps: int
     checkpoint_every: int
+    memory_setting: tuple[str, object]
     ema: EMA | None = None
     extra_state: Callable[[], dict[str, Any]] = field(default=dict)
-    after_step: Callable[[], dict[str, float]] | None = None
+    after_step: Callable[[], dict[str, torch.Tensor]] | None = None
     batch_loss: BatchLoss | None = None
 
     def run(self, context: RunContext, make_batch: MakeBatch, state: dict[str, Any] | None = None) -> None:
@@ -65,7 +68,8 @@ class PrivateTraining:
         progress = context.progress(self.steps, self.stage, initial=step)
         first = step
         while step < self.steps:
-            stats = engine.step(make_batch)
+            with memory_limited_by(*self.memory_setting, f"taking DP-SGD steps of {self.stage}"):
+                stats = engine.step(make_batch)
             if step == first:  # the engine chose its per-example gradients at this step
                 context.log(f"{self.stage} engine", **(engine.engine or {}))
             context.adjust_threads()
@@ -77,7 +81,7 @@ class PrivateTraining:
             progress.update(stats)
             if step % self.checkpoint_every == 0 or step == self.steps:
                 context.checkpoint(self._state(step, context))
-                context.log(self.stage, step=step, **stats)
+                context.log(self.stage, step=step, **{name: float(value) for name, value in stats.items()})
         progress.close()
 
     def _state(self, step: int, context: RunContext) -> dict[str, Any]:

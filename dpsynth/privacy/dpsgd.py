@@ -26,9 +26,10 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from ..distributed import World
+from ..utils.device import bf16_autocast, to_device
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
-from .mechanisms import gaussian_noise, poisson_sample
+from .mechanisms import poisson_sample
 from .per_example import BatchedGradients, BatchLoss, unsupported
 from .randomness import SecretStream
 
@@ -67,18 +68,16 @@ def clipped_sum(grads: Params, clip: float) -> tuple[Params, torch.Tensor]:
     """Sum over examples of each example's gradient scaled to L2 norm <= clip; also the unclipped norms.
 
     An example whose gradient is not finite (a bf16 overflow, a pathological input) gets factor 0: it
-    contributes nothing, instead of turning the whole sum into NaN. Its norm is returned as it was."""
+    contributes nothing, instead of turning the whole sum into NaN. Its norm is returned as it was. On the CPU
+    the rows are zeroed only when there is one (asking costs nothing there); on an accelerator always, in
+    place: asking would stall the device's queue once per chunk (a host synchronisation)."""
     norms = torch.stack([torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))).pow(2)
                          for g in grads.values()]).sum(0).sqrt()
     finite = torch.isfinite(norms)
     factors = torch.where(finite, (clip / (norms + 1e-12)).clamp(max=1.0), torch.zeros_like(norms))
-    if not bool(finite.all()):  # rare: zero the non-finite rows, else 0 x inf = NaN would enter the sum
-        grads = {name: torch.where(_rows(finite, g), g, 0.0) for name, g in grads.items()}
+    if norms.device.type != "cpu" or not bool(finite.all()):  # else 0 x inf = NaN would enter the sum
+        grads = {name: g.nan_to_num_(0.0, 0.0, 0.0) for name, g in grads.items()}
     return {name: torch.einsum("b,b...->...", factors, g) for name, g in grads.items()}, norms
-
-
-def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.reshape(-1, *([1] * (like.dim() - 1)))
 
 
 class _ClipGradient(torch.autograd.Function):
@@ -135,7 +134,8 @@ class DPSGD:
 
     def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
         """One DP-SGD step; returns the sampled batch size, the mean unclipped gradient norm (both private
-        diagnostics) and the number of examples dropped for a non-finite gradient."""
+        diagnostics) and the number of examples dropped for a non-finite gradient, as 0-d tensors on the device
+        (reading them waits for the device: callers do that only when they show or log them)."""
         s = self.settings
         clip = s.clip if s.noise_multiplier is not None else math.inf
         indices = poisson_sample(self.num_records, s.sample_rate, self.noise)
@@ -146,12 +146,11 @@ class DPSGD:
         total = {n: torch.zeros_like(p) for n, p in detached.items()}
         norm_sum = torch.zeros((), dtype=torch.float64, device=next(iter(detached.values())).device)
         dropped = torch.zeros_like(norm_sum)
-        device_type = norm_sum.device.type
         for chunk in self.world.own(indices).split(s.physical_batch_size):
             batch = make_batch(chunk)
             if self.engine is None:
                 self.engine = self._choose_engine(batch, detached, buffers)
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=s.bf16):
+            with bf16_autocast(norm_sum.device, s.bf16):
                 if self.batched is not None:
                     grads = self.batched(batch)
                 else:
@@ -160,23 +159,29 @@ class DPSGD:
             for name in total:
                 total[name] += summed[name]
             finite = torch.isfinite(norms)
-            norm_sum += norms[finite].double().sum()
+            norm_sum += torch.where(finite, norms, 0.0).double().sum()
             dropped += (~finite).sum().double()
         self.world.all_reduce_sum([*total.values(), norm_sum, dropped])
         if s.noise_multiplier is None:
             self.ledger.record(self.stage, NonPrivateAccess())
         else:
             self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
-            for name, param in self.params.items():
-                total[name] += gaussian_noise(param.shape, s.noise_multiplier * s.clip, self.noise, param)
+            for name, noise in self._noise(s.noise_multiplier * s.clip).items():
+                total[name] += noise
         expected = s.sample_rate * self.num_records
         for name, param in self.params.items():
             param.grad = total[name] / expected
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        kept = len(indices) - int(dropped)
-        return {"batch": float(len(indices)), "grad_norm": float(norm_sum) / max(1, kept),
-                "nonfinite_dropped": float(dropped)}
+        kept = (len(indices) - dropped).clamp(min=1)
+        return {"batch": torch.tensor(float(len(indices))), "grad_norm": norm_sum / kept, "nonfinite_dropped": dropped}
+
+    def _noise(self, std: float) -> Params:
+        """N(0, std^2) for every parameter: one draw of the secret stream, one copy to the device."""
+        sizes = [param.numel() for param in self.params.values()]
+        flat = to_device((self.noise.normal(sum(sizes)) * std).float(), next(iter(self.params.values())).device)
+        return {name: part.view_as(param) for (name, param), part
+                in zip(self.params.items(), flat.split(sizes), strict=True)}
 
 
     def _choose_engine(self, batch: Sequence[torch.Tensor], params: Params, buffers: Params) -> dict[str, str | None]:

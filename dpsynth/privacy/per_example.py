@@ -9,7 +9,8 @@ closed form from that module's input and output gradient (Opacus' hooks, with a 
 convolution weights instead of an unfolded product): the same numbers as vmap, up to float rounding.
 
 Rows: a batch of B examples may run as B*K rows (noise multiplicity K, the rows of an example adjacent); an
-example's gradient is the sum over its rows.
+example's gradient is the sum over its rows, which each rule forms directly (never B*K per-row gradients: at
+the ``paper`` presets' K = 32 those would take 32 times the memory of the per-example ones).
 
 Exactness rests on the model treating examples independently (no BatchNorm in training mode, no operation
 across the batch) and on captured tensors not being modified in place. :meth:`BatchedGradients.agrees_with`
@@ -26,45 +27,62 @@ from torch import nn
 Params = dict[str, torch.Tensor]
 # loss(model, *batch_tensors) -> the loss of each example, shape (B,)
 BatchLoss = Callable[..., torch.Tensor]
-Rule = Callable[[nn.Module, torch.Tensor, torch.Tensor], Params]
+Rule = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], Params]
 
 
-def _conv(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
-    """Each row's weight gradient as one convolution with the rows as groups; bias: summed output gradient."""
+def _by_example(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """Rows (count x K, an example's K rows adjacent) to K x (count * channels) x ...: an example's rows side by
+    side in a batch of K, the examples' channels stacked, so that a convolution with the examples as groups sums
+    each example's rows (no per-row gradient is ever formed: K times less memory)."""
+    rows = len(tensor)
+    return tensor.reshape(count, rows // count, *tensor.shape[1:]).transpose(0, 1).reshape(
+        rows // count, count * tensor.shape[1], *tensor.shape[2:])
+
+
+def _conv(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
+    """Each example's weight gradient as one convolution with the examples as groups; bias: summed output gradient."""
     assert isinstance(module, nn.Conv2d)
-    rows, weight = len(inputs), module.weight
+    weight = module.weight
     _, grad_weight, _ = torch.ops.aten.convolution_backward(
-        grad_out.reshape(1, -1, *grad_out.shape[2:]), inputs.to(grad_out.dtype).reshape(1, -1, *inputs.shape[2:]),
-        weight.detach().to(grad_out.dtype).repeat(rows, 1, 1, 1), None, module.stride, module.padding,
-        module.dilation, False, [0, 0], rows * module.groups, [False, True, False])
-    grads = {"weight": grad_weight.view(rows, *weight.shape)}
+        _by_example(grad_out, count), _by_example(inputs.to(grad_out.dtype), count),
+        weight.detach().to(grad_out.dtype).repeat(count, 1, 1, 1), None, module.stride, module.padding,
+        module.dilation, False, [0, 0], count * module.groups, [False, True, False])
+    grads = {"weight": grad_weight.view(count, *weight.shape)}
     if module.bias is not None:
-        grads["bias"] = grad_out.sum((2, 3))
+        grads["bias"] = _summed(grad_out.sum((2, 3)), count)
     return grads
 
 
-def _linear(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
-    """Outer products of output gradient and input, summed over any token dimensions."""
-    grads = {"weight": torch.einsum("b...o,b...i->boi", grad_out, inputs.to(grad_out.dtype))}
+def _linear(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
+    """Outer products of output gradient and input, summed over an example's rows and any token dimensions."""
+    rows = grad_out.reshape(count, -1, grad_out.shape[-1])
+    grads = {"weight": torch.einsum("bto,bti->boi", rows, inputs.to(grad_out.dtype).reshape(count, -1,
+                                                                                          inputs.shape[-1]))}
     if getattr(module, "bias", None) is not None:
-        grads["bias"] = grad_out.reshape(len(grad_out), -1, grad_out.shape[-1]).sum(1)
+        grads["bias"] = rows.sum(1)
     return grads
 
 
-def _group_norm(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
+def _group_norm(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
     """Output gradient times the normalised input (weight), output gradient (bias), summed over positions."""
     assert isinstance(module, nn.GroupNorm)
     normalised = F.group_norm(inputs.to(grad_out.dtype), module.num_groups, None, None, module.eps)
-    return {"weight": (grad_out * normalised).flatten(2).sum(2), "bias": grad_out.flatten(2).sum(2)}
+    return {"weight": _summed((grad_out * normalised).flatten(2).sum(2), count),
+            "bias": _summed(grad_out.flatten(2).sum(2), count)}
 
 
-def _embedding(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor) -> Params:
-    """Each row's output gradient added to the rows of the table it looked up."""
+def _embedding(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
+    """Each row's output gradient added to the rows of its example's table that it looked up."""
     assert isinstance(module, nn.Embedding)
-    rows, dim = len(inputs), module.embedding_dim
-    grad = grad_out.new_zeros(rows, module.num_embeddings, dim)
-    return {"weight": grad.scatter_add_(1, inputs.reshape(rows, -1, 1).expand(-1, -1, dim),
-                                        grad_out.reshape(rows, -1, dim))}
+    dim = module.embedding_dim
+    grad = grad_out.new_zeros(count, module.num_embeddings, dim)
+    return {"weight": grad.scatter_add_(1, inputs.reshape(count, -1, 1).expand(-1, -1, dim),
+                                        grad_out.reshape(count, -1, dim))}
+
+
+def _summed(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """Per-row values (count x K rows) summed over each example's K rows."""
+    return rows.view(count, -1, *rows.shape[1:]).sum(1)
 
 
 RULES: dict[type[nn.Module], Rule] = {nn.Conv2d: _conv, nn.Linear: _linear, nn.GroupNorm: _group_norm,
@@ -106,9 +124,9 @@ class BatchedGradients:
             module, inputs = self.modules[name], captured[name][0]
             if grad_out is None:
                 continue
-            for param, grad in RULES[type(module)](module, inputs, grad_out).items():
+            for param, grad in RULES[type(module)](module, inputs, grad_out, count).items():
                 if f"{name}.{param}" in self.params:
-                    grads[f"{name}.{param}"] = grad.float().view(count, -1, *grad.shape[1:]).sum(1)
+                    grads[f"{name}.{param}"] = grad.float()
         return {name: grads[name] if name in grads else param.new_zeros(count, *param.shape)
                 for name, param in self.params.items()}
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
+import torch
 from tqdm.auto import tqdm
 
 from ..privacy import Accountant, PrivacyLedger
@@ -13,7 +15,8 @@ class PrivacyProgress:
     """tqdm over ``total`` steps whose postfix is the epsilon of the ledger so far.
 
     Accounting a ledger with PLD takes about two seconds, so epsilon is recomputed at most every
-    ``refresh_seconds`` and once more on close. A disabled bar (ranks other than 0) shows and accounts nothing.
+    ``refresh_seconds`` and once more on close. Metrics may be 0-d tensors on a GPU: they are read (which waits
+    for the GPU) at most once a second. A disabled bar (ranks other than 0) shows and accounts nothing.
     """
 
     def __init__(self, total: int, ledger: PrivacyLedger, accountant: Accountant, delta: float, desc: str,
@@ -22,15 +25,17 @@ class PrivacyProgress:
         self.refresh_seconds = refresh_seconds
         self.enabled = enabled
         self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not enabled)
-        self._last = -float("inf")
+        self._last = self._shown = -float("inf")
         self.epsilon = 0.0
 
-    def update(self, metrics: dict[str, float] | None = None, n: int = 1) -> None:
-        """Advance by ``n`` steps, showing ``metrics`` and (refreshed when due) epsilon."""
+    def update(self, metrics: Mapping[str, float | torch.Tensor] | None = None, n: int = 1) -> None:
+        """Advance by ``n`` steps, showing ``metrics`` (at most once a second) and (refreshed when due) epsilon."""
         if self.enabled and time.monotonic() - self._last >= self.refresh_seconds:
             self._refresh_epsilon()
-        shown = {k: f"{v:.4g}" for k, v in (metrics or {}).items()}
-        self.bar.set_postfix({"eps": self._shown_epsilon(), **shown}, refresh=False)
+        if self.enabled and time.monotonic() - self._shown >= 1.0:
+            shown = {k: f"{float(v):.4g}" for k, v in (metrics or {}).items()}
+            self.bar.set_postfix({"eps": self._shown_epsilon(), **shown}, refresh=False)
+            self._shown = time.monotonic()
         self.bar.update(n)
 
     def _shown_epsilon(self) -> str:

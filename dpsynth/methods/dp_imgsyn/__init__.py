@@ -28,6 +28,7 @@ from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
 from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
 from ...privacy.dpsgd import DpsgdSettings
+from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, convert_images, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
 from ..training import PrivateTraining, dpsgd_schedule
@@ -108,9 +109,11 @@ class DPImgSyn(Method):
                                  device) / len(context.dataset.test)
         clip = self._statistics_clip(teacher, public, info.shape, device)
         event = context.planned_event("statistics", GaussianMechanism)
-        statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
-                                        event.noise_multiplier, self.config["statistics"]["batch_size"], device,
-                                        context.ledger, "statistics", context.noise)
+        batch_size = self.config["statistics"]["batch_size"]
+        with memory_limited_by("statistics.batch_size", batch_size, "computing the DP batch statistics"):
+            statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), clip,
+                                            event.noise_multiplier, batch_size, device, context.ledger, "statistics",
+                                            context.noise)
         state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
                  "clip": clip, "teacher_accuracy": accuracy, "rng": context.random_state()}
         context.checkpoint(state)
@@ -130,13 +133,14 @@ class DPImgSyn(Method):
         inputs = _teacher_inputs(train.images)
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return inputs[indices].to(context.device), train.labels[indices].to(context.device)
+            return to_device(inputs[indices], context.device), to_device(train.labels[indices], context.device)
 
         teacher.train()
         engine = DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
                                settings["physical_batch_size"])
-        PrivateTraining("teacher", teacher, optimizer, _example_loss, engine, event.steps,
-                        settings["checkpoint_every"]).run(context, make_batch, context.state)
+        PrivateTraining("teacher", teacher, optimizer, _example_loss, engine, event.steps, settings["checkpoint_every"],
+                        ("teacher.physical_batch_size", settings["physical_batch_size"])
+                        ).run(context, make_batch, context.state)
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         if self.config["alignment"]["init"] != "public":

@@ -36,6 +36,7 @@ import torch
 from ...config import choice_setting
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
+from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dpdm import DPDM, sampler
@@ -97,7 +98,7 @@ class DPSAD(DPDM):
         choice_setting(self.config, "student", "init", INITS)
         self.info, teacher = info, self._build(info, context.device)
         if phase in (None, "teacher"):
-            self._train_private(context, teacher, "teacher", self.config["teacher"],
+            self._train_private(context, teacher, "teacher", "teacher",
                                 self._batch_maker(context, section="teacher"), state)
             pool = context.on_main(lambda: self._teacher_pool(context, teacher))
             state = {"phase": "pool", "teacher": teacher.state_dict(), **pool, "rng": context.random_state()}
@@ -117,10 +118,12 @@ class DPSAD(DPDM):
         settings, info = self.config["discriminator"], context.dataset.info
         labels = torch.arange(settings["pool"]) % info.num_classes
         teacher.eval()
-        images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
-                                                  settings["pool_steps"], 0.0, context.generator,
-                                                  sampler(self.config))
-                            for chunk in labels.split(self.config["sampling"]["batch_size"])])
+        batch_size = self.config["sampling"]["batch_size"]
+        with memory_limited_by("sampling.batch_size", batch_size, "sampling the teacher's pool"):
+            images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
+                                                      settings["pool_steps"], 0.0, context.generator,
+                                                      sampler(self.config))
+                                for chunk in labels.split(batch_size)])
         return {"pool_images": torch.from_numpy(to_uint8(images)), "pool_labels": labels}
 
     def _distil(self, context: RunContext, teacher: torch.nn.Module, pool: dict[str, Any],
@@ -143,7 +146,7 @@ class DPSAD(DPDM):
         loss = StudentLoss(self.diffusion, discriminator, settings["output_clip"], settings["adversarial_weight"])
         pool_set = (pool["pool_images"].float() / 255, pool["pool_labels"])
 
-        def discriminator_step() -> dict[str, float]:
+        def discriminator_step() -> dict[str, torch.Tensor]:
             indices = torch.randint(len(pool_set[1]), (self.config["discriminator"]["batch_size"],),
                                     generator=context.generator)
             noisy, times, labels, teacher_next, _ = self._student_inputs(
@@ -156,14 +159,14 @@ class DPSAD(DPDM):
             value.backward()
             optimizer.step()
             context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
-            return {"d_loss": float(value.detach())}
+            return {"d_loss": value.detach()}
 
         def extra_state() -> dict[str, Any]:
             return {"teacher": teacher.state_dict(), "pool_images": pool["pool_images"],
                     "pool_labels": pool["pool_labels"], "discriminator": discriminator.state_dict(),
                     "discriminator_optimizer": optimizer.state_dict()}
 
-        self._train_private(context, student, "student", settings, self._student_batches(context, teacher), state,
+        self._train_private(context, student, "student", "student", self._student_batches(context, teacher), state,
                             loss, extra_state=extra_state, after_step=discriminator_step)
         return student
 
@@ -184,7 +187,7 @@ class DPSAD(DPDM):
         times = torch.randint(0, self.diffusion.timesteps, (len(labels),), generator=generator)
         noise = torch.randn(images.shape, generator=generator)
         noisy, target = self.diffusion.noisy(images, times, noise)
-        noisy, times, labels, target = (t.to(context.device) for t in (noisy, times, labels, target))
+        noisy, times, labels, target = (to_device(t, context.device) for t in (noisy, times, labels, target))
         with torch.no_grad():
             teacher_out = self.diffusion.guided(teacher, noisy, times, labels, context.dataset.info.num_classes,
                                                 self.config["teacher"]["guidance"]).float()

@@ -52,16 +52,16 @@ def fit_generator(generator: ConditionalGenerator, targets: torch.Tensor, rff: R
     losses = []
     generator.train()
     for _ in tqdm(range(settings.epochs), desc="auxiliary generator", dynamic_ncols=True):
-        total = 0.0
+        total = torch.zeros((), device=device)  # read once per epoch: no host synchronisation per iteration
         for _ in range(settings.iterations_per_epoch):
             z = torch.randn((settings.batch_size, generator.latent), generator=rng).to(device)
             loss = feature_matching_loss(generator(z, labels), labels, targets, rff)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.item()
+            total += loss.detach()
         scheduler.step()
-        losses.append(total / settings.iterations_per_epoch)
+        losses.append(float(total) / settings.iterations_per_epoch)
     return losses
 
 

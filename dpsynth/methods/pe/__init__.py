@@ -141,7 +141,7 @@ class PrivateEvolution(Method):
         progress = context.progress(settings["iterations"], "pe", initial=start)
         for t in range(start, settings["iterations"]):
             votes = [nearest_neighbour_votes(private[c], self._lookahead(context, api, embed, population[c], c,
-                                                                         degrees[t]))
+                                                                         degrees[t]), device=context.device)
                      for c in range(info.num_classes)]
             context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
             histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, "histograms",

@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ...data import DatasetInfo
 from ...errors import ConfigError
+from ...utils.device import memory_limited_by, to_device
 from ...utils.images import convert_images
 
 
@@ -160,9 +161,10 @@ class DiffusionAPI:
 
     def _batched(self, n: int, images: torch.Tensor | None, degree: float, generator: torch.Generator
                  ) -> torch.Tensor:
-        parts = [self._denoise(min(self.batch_size, n - s), None if images is None else images[s:s + self.batch_size],
-                               degree, generator)
-                 for s in range(0, n, self.batch_size)]
+        with memory_limited_by("api.batch_size", self.batch_size, "running the diffusion API"):
+            parts = [self._denoise(min(self.batch_size, n - s),
+                                   None if images is None else images[s:s + self.batch_size], degree, generator)
+                     for s in range(0, n, self.batch_size)]
         return torch.cat(parts) if parts else torch.empty(0, *self.info.shape)
 
     @torch.no_grad()
@@ -172,10 +174,10 @@ class DiffusionAPI:
         config = self.unet.config
         self.scheduler.set_timesteps(self.steps)
         timesteps = self.scheduler.timesteps[self.steps - max(1, round(degree * self.steps)):]
-        x = torch.randn((n, config.in_channels, config.sample_size, config.sample_size),
-                        generator=generator).to(self.device)
+        x = to_device(torch.randn((n, config.in_channels, config.sample_size, config.sample_size),
+                                  generator=generator), self.device)
         if images is not None:
-            start = convert_images(images, config.in_channels, config.sample_size).to(self.device) * 2 - 1
+            start = to_device(convert_images(images, config.in_channels, config.sample_size), self.device) * 2 - 1
             x = self.scheduler.add_noise(start, x, timesteps[:1])
         for t in timesteps:
             x = self.scheduler.step(self.unet(x, t).sample, t, x).prev_sample

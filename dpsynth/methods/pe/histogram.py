@@ -14,21 +14,23 @@ from ...privacy.mechanisms import release_gaussian
 from ...privacy.randomness import SecretStream
 
 
-def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """Per synthetic row, how many ``private`` rows have it as their nearest (L2) neighbour.
+def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chunk: int = 4096,
+                            device: torch.device | None = None) -> torch.Tensor:
+    """Per synthetic row, how many ``private`` rows have it as their nearest (L2) neighbour (float64, on the CPU).
 
-    Distances are computed ``chunk`` private rows at a time, so 60k x 60k fits in memory; ties go to the
-    lowest index.
+    Distances are computed on ``device`` (default: where ``synthetic`` is) ``chunk`` private rows at a time, so
+    60k x 60k fits in memory; ties go to the lowest index.
     """
     if private.dim() != 2 or synthetic.dim() != 2 or private.shape[1] != synthetic.shape[1]:
         raise ConfigError(f"embeddings must be N x d and M x d with the same d, got {tuple(private.shape)} "
                           f"and {tuple(synthetic.shape)}")
-    votes = torch.zeros(len(synthetic), dtype=torch.float64)
-    synthetic = synthetic.double()
+    device = device or synthetic.device
+    votes = torch.zeros(len(synthetic), dtype=torch.float64, device=device)
+    synthetic = synthetic.to(device, torch.float64)
     for start in range(0, len(private), chunk):
-        nearest = torch.cdist(private[start:start + chunk].double(), synthetic).argmin(dim=1)
+        nearest = torch.cdist(private[start:start + chunk].to(device, torch.float64), synthetic).argmin(dim=1)
         votes += torch.bincount(nearest, minlength=len(synthetic)).double()
-    return votes
+    return votes.cpu()
 
 
 def dp_histograms(votes: list[torch.Tensor], noise_multiplier: float, threshold: float, ledger: PrivacyLedger,

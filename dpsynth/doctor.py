@@ -1,0 +1,161 @@
+"""``dpsynth doctor``: each method a few steps on a tiny configuration on the chosen device, then checked.
+
+A run of each method on sklearn's 8 x 8 digits (shipped with scikit-learn: no download) is stopped right after
+the first checkpoint that follows a recorded mechanism, as a crash would stop it; ``dpsynth run --resume``'s
+code path continues it to its release. Then: the ledger holds exactly the planned mechanisms, privacy.json's
+epsilon is the accountant's on that ledger and within the target, the release has the planned number of
+images of the dataset's shape and classes, and the run logged a resume on the device asked for. Randomness
+is secret as in a real run (no seed). A GPU user runs this first (``dpsynth doctor --device cuda``).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .api import dataset_from_config, plan_budget_for, resolve_config
+from .data import Dataset
+from .errors import DpsynthError
+from .pipeline import execute, pick_device, resume
+from .privacy import Accountant, PrivacyLedger, check_within_plan
+from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
+
+DATASET, EPSILON = "digits", 8.0
+_UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]
+_CENTRAL = ["central.count=2", "central.batch_size=300", "central.clip=8.0", "warmup.iterations=4",
+            "warmup.batch_size=8", "warmup.checkpoint_every=2"]
+# Overrides of each method's cpu preset: a few steps of every stage, checkpoints every other step.
+TINY: dict[str, list[str]] = {
+    "dpdm": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=2"],
+    "dp-feta": [*_UNET, *_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2"],
+    "feta-pro": [*_UNET, *_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
+                 "frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
+                 "generator.images=40", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=4",
+                 "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2",
+                 "frequency_warmup.sample_steps=2"],
+    "pe": ["api.name=drawtext", "pe.population=20", "pe.iterations=2", "pe.lookahead=1"],
+    "dp-sad": [*_UNET, "teacher.batch_size=64", "teacher.epochs=0.1", "teacher.checkpoint_every=2",
+               "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
+               "discriminator.pool_steps=2", "discriminator.batch_size=8"],
+    "dp-imgsyn": ["teacher.blocks=[1, 1]", "teacher.widths=[8, 16]", "teacher.groups=4", "teacher.batch_size=128",
+                  "teacher.epochs=0.2", "teacher.checkpoint_every=1", "alignment.init=noise", "alignment.iterations=2",
+                  "alignment.batch_size=10", "alignment.temperature=4"],
+}
+COMMON = ["sampling.num_samples=20", "evaluation.enabled=false", "privacy.accountant=rdp"]
+
+
+class _Interrupted(Exception):
+    """The doctor's stand-in for a crash right after a checkpoint."""
+
+
+class _CrashAfterCheckpoint(RunDirectory):
+    """A run directory whose run stops right after saving a checkpoint that covers a recorded mechanism."""
+
+    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
+        super().save_checkpoint(state, ledger)
+        if ledger.events():
+            raise _Interrupted
+
+
+@dataclass(frozen=True)
+class Checkup:
+    """How one method fared: passed or the first thing that failed, and the seconds it took."""
+
+    method: str
+    passed: bool
+    detail: str
+    seconds: float
+
+    def line(self) -> str:
+        return f"{self.method:<10} {'ok  ' if self.passed else 'FAIL'} {self.seconds:6.1f} s  {self.detail}"
+
+
+def check_method(method: str, device: str, root: Path) -> Checkup:
+    """Run, interrupt, resume and check ``method`` on ``device`` in a new run directory under ``root``."""
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            detail = _run_and_check(method, device, root)  # the runs' own output (progress bars) kept out
+        passed = True
+    except Exception as exc:  # the doctor reports every failure, whatever raised it, and goes on
+        passed, detail = False, _failure(exc)
+    return Checkup(method, passed, detail, time.perf_counter() - start)
+
+
+def _run_and_check(method: str, device: str, root: Path) -> str:
+    config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
+                            overrides=[*TINY[method], *COMMON, f"run.device={device}", f"run.out_dir={root}"])
+    dataset = dataset_from_config(config)
+    budget = plan_budget_for(config, dataset.info)
+    run = RunDirectory.create(config)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tiny configuration's own warnings (small batches) are expected
+            execute(_CrashAfterCheckpoint(run.path), dataset, budget)
+        raise DpsynthError("the run finished without a checkpoint after a mechanism: nothing to resume from")
+    except _Interrupted:
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resume(str(run.path))
+    return _checked(run, dataset, budget.stages, budget.accountant, budget.delta, budget.target)
+
+
+def _checked(run: RunDirectory, dataset: Dataset, plan: dict, accountant: Accountant, delta: float,
+             target: float) -> str:
+    """The release, ledger, privacy report and log of a finished run checked; a summary of them."""
+    ledger = run.ledger()
+    check_within_plan(ledger.stages(), plan, False, complete=True)
+    report = json.loads(run.file(PRIVACY).read_text())
+    epsilon = accountant.epsilon(ledger.events(), delta)
+    if not report["dp_guarantee"] or abs(report["epsilon"] - epsilon) > 1e-9 or epsilon > target * (1 + 1e-6):
+        raise DpsynthError(f"privacy.json says epsilon {report['epsilon']}, the ledger gives {epsilon:.4f} "
+                           f"(target {target})")
+    info, config = dataset.info, run.config()
+    with np.load(run.file(SYNTHETIC)) as release:
+        images, labels = release["images"], release["labels"]
+    expected = (config["sampling"]["num_samples"], info.channels, info.height, info.width)
+    if images.shape != expected or images.dtype != np.uint8 or not np.isin(labels, range(info.num_classes)).all():
+        raise DpsynthError(f"release: images {images.shape} {images.dtype}, labels {np.unique(labels)}; expected "
+                           f"uint8 {expected} with labels below {info.num_classes}")
+    events = [json.loads(line) for line in run.file(LOG).read_text().splitlines()]
+    if not any(e["event"] == "resume" for e in events):
+        raise DpsynthError("the log has no resume: the interrupted run was not continued from its checkpoint")
+    used = [e["device"] for e in events if e["event"] == "hardware"]
+    steps = sum(getattr(event, "steps", 1) for event in ledger.events())
+    return (f"{steps} mechanism steps, resumed, epsilon {epsilon:.3f} <= {target:g}, {len(labels)} images "
+            f"released, on {used[-1]}")
+
+
+def _failure(exc: BaseException) -> str:
+    """One line: the message of a user-facing error, else the exception and where in dpsynth it was raised."""
+    if isinstance(exc, DpsynthError):
+        return str(exc)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "dpsynth" in f.filename]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}{where}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def doctor(device: str, methods: list[str], keep: str | None = None) -> list[Checkup]:
+    """Check ``methods`` on ``device`` (printing a line each as it finishes); run directories under ``keep``
+    (default a temporary folder, removed afterwards)."""
+    resolved = pick_device(device)
+    print(f"dpsynth doctor on {resolved}" + (f" ({torch.cuda.get_device_name(resolved)})"
+                                             if resolved.type == "cuda" else ""), flush=True)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-doctor-") as scratch:
+        root = Path(keep) if keep else Path(scratch)
+        checkups = []
+        for method in methods:
+            checkups.append(check_method(method, str(resolved), root))
+            print(checkups[-1].line(), flush=True)
+    return checkups

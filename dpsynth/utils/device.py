@@ -1,0 +1,36 @@
+"""Moving data to the compute device without stalling it, and out-of-memory errors that say what to lower."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from ..errors import DpsynthError
+
+
+def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` where ``enabled``; otherwise nothing (so any device type works, ``meta`` too)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``. A CPU tensor bound for a GPU goes through pinned memory without blocking: a
+    copy from pageable memory would wait for every kernel queued before it (a host synchronisation)."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@contextlib.contextmanager
+def memory_limited_by(setting: str, value: object, doing: str, retry: str = "dpsynth run --resume RUN_DIR"
+                      ) -> Iterator[None]:
+    """Turn running out of memory while ``doing`` into a DpsynthError naming ``setting`` to lower and the
+    command (``retry``) that continues with a lower value."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        lower = max(1, value // 2) if isinstance(value, int) else value
+        raise DpsynthError(f"out of memory while {doing}: lower {setting} (now {value}; it changes neither the "
+                           "privacy guarantee nor, beyond float rounding, what is learnt), e.g. "
+                           f"{retry} --set {setting}={lower}; a run keeps its last checkpoint") from None
