@@ -26,10 +26,10 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from ..distributed import World
-from ..utils.device import bf16_autocast, to_device
+from ..utils.device import bf16_autocast
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
-from .mechanisms import poisson_sample
+from .mechanisms import gaussian_noise, poisson_sample
 from .per_example import BatchedGradients, BatchLoss, unsupported
 from .randomness import SecretStream
 
@@ -132,7 +132,7 @@ class DPSGD:
         self.batched = BatchedGradients(model, batch_loss, self.params) if why_not is None else None
         self.engine = {"per_example": "vmap", "why": why_not} if why_not else None  # decided at the first step
 
-    def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, float]:
+    def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, torch.Tensor]:
         """One DP-SGD step; returns the sampled batch size, the mean unclipped gradient norm (both private
         diagnostics) and the number of examples dropped for a non-finite gradient, as 0-d tensors on the device
         (reading them waits for the device: callers do that only when they show or log them)."""
@@ -179,10 +179,9 @@ class DPSGD:
     def _noise(self, std: float) -> Params:
         """N(0, std^2) for every parameter: one draw of the secret stream, one copy to the device."""
         sizes = [param.numel() for param in self.params.values()]
-        flat = to_device((self.noise.normal(sum(sizes)) * std).float(), next(iter(self.params.values())).device)
+        flat = gaussian_noise(torch.Size([sum(sizes)]), std, self.noise, next(iter(self.params.values())))
         return {name: part.view_as(param) for (name, param), part
                 in zip(self.params.items(), flat.split(sizes), strict=True)}
-
 
     def _choose_engine(self, batch: Sequence[torch.Tensor], params: Params, buffers: Params) -> dict[str, str | None]:
         """The batched engine if it agrees with vmap on (up to) 4 examples of ``batch``, else vmap."""

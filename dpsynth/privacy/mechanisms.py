@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import PrivacyError
+from ..utils.device import to_device
 from .events import GaussianMechanism, ReportNoisyMax, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 from .randomness import SecretStream
@@ -28,8 +29,9 @@ def clip_rows(records: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def gaussian_noise(shape: torch.Size, std: float, noise: SecretStream, like: torch.Tensor) -> torch.Tensor:
-    """N(0, std^2) noise of ``shape`` from the secret stream, moved to ``like``'s device and dtype."""
-    return (noise.normal(shape) * std).to(like.device, like.dtype)
+    """N(0, std^2) noise of ``shape`` from the secret stream, in ``like``'s dtype and on its device (copied without
+    blocking it)."""
+    return to_device((noise.normal(shape) * std).to(like.dtype), like.device)
 
 
 def release_gaussian(
