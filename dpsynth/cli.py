@@ -169,10 +169,13 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
         f"precision {metrics['precision']:.3f}   recall {metrics['recall']:.3f}   [k = {metrics['pr_k']}]",
     ]
     for name, result in metrics["accuracy"].items():
+        seeds = result.get("seeds", [result])
+        epochs = ", ".join(str(run["selected_epoch"]) for run in seeds)
+        spread = 100 * result.get("test_accuracy_std", 0.0)
         lines.append(
-            f"accuracy  {name:<9}{100 * result['test_accuracy']:.2f} %   [trained on {result['trained_on']}, "
-            f"epoch {result['selected_epoch']}/{result['epochs']} picked by Report Noisy Max on "
-            f"{result['validation_size']} val images, tested on {result['test_size']}]")
+            f"accuracy  {name:<9}{100 * result['test_accuracy']:.2f} +- {spread:.2f} %"
+            f"   [{len(seeds)} seed(s), trained on {result['trained_on']}, epoch {epochs} of {result['epochs']} "
+            f"picked by Report Noisy Max on {result['validation_size']} val images, tested on {result['test_size']}]")
     for name, value in metrics.get("method", {}).items():
         lines.append(f"method    {name} = {value:.4f}" if isinstance(value, float) else f"method    {name} = {value}")
     if metrics.get("evaluation_privacy"):

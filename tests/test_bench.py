@@ -19,7 +19,8 @@ from dpsynth.cli import main
 COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
           "--set", "evaluation.num_synthetic=30", "--set", "evaluation.num_real=30",
           "--set", "evaluation.classifiers=[cnn]", "--set", "evaluation.classifier_epochs=2",
-          "--set", "evaluation.kid_subsets=5", "--set", "evaluation.kid_subset_size=10"]
+          "--set", "evaluation.classifier_seeds=2", "--set", "evaluation.kid_subsets=5",
+          "--set", "evaluation.kid_subset_size=10"]
 TINY = {"dpdm": ["model.block_channels=[8, 16]", "model.norm_groups=4", "dpsgd.batch_size=64", "dpsgd.epochs=1",
                  "diffusion.sample_steps=4"],
         "pe": ["pe.iterations=2", "pe.population=40"]}
@@ -49,11 +50,12 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
     assert [(row["method"], row["status"]) for row in rows] == [("dpdm", "done"), ("pe", "done")]
     for row, stage in zip(rows, ["dp-sgd", "histograms"], strict=True):
         assert 7.9 < float(row["epsilon"]) <= 8.0 and stage in row["privacy_split"]
-        assert float(row["fid"]) > 0 and 0 <= float(row["accuracy_cnn"]) <= 1
+        assert float(row["fid"]) > 0 and 0 <= float(row["accuracy_cnn"]) <= 1 and float(row["accuracy_cnn_std"]) >= 0
         assert float(row["synthesis_cpu_min"]) > 0 and float(row["evaluation_wall_min"]) > 0
         assert float(row["peak_rss_gib"]) > 0.1 and row["selection_epsilon"]
     table = (out / "results.md").read_text()
     assert "## digits" in table and "| dpdm | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
+    assert "| acc. cnn |" in table and table.count(" ± ") == 2  # mean ± std over the two classifier seeds
     for picture in ("fid.png", "accuracy.png", "samples-digits-eps8.png"):
         assert (out / picture).stat().st_size > 1000
 

@@ -14,6 +14,7 @@ import torch
 import yaml
 from conftest import kill_after_recorded_steps
 
+from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import SAMPLERS
 from dpsynth.diffusion.inference import sampling_inputs, sampling_model
@@ -44,7 +45,8 @@ def run_dir_of(process: subprocess.Popen) -> Path:
 
 def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=30", "evaluation.num_real=30",
-                  "evaluation.classifiers=[cnn]", "evaluation.classifier_epochs=2", "evaluation.kid_subsets=5",
+                  "evaluation.classifiers=[cnn]", "evaluation.classifier_epochs=2", "evaluation.classifier_seeds=1",
+                  "evaluation.kid_subsets=5",
                   "evaluation.kid_subset_size=10", f"evaluation.cache_dir={tmp_path / 'cache'}"]
     process = dpsynth("dpdm", *TINY, *[arg for pair in evaluation for arg in ("--set", pair)], out_dir=tmp_path)
     run = run_dir_of(process)
@@ -145,3 +147,25 @@ def test_unknown_prediction_or_sampler_is_a_config_error():
         Diffusion(prediction="x0")
     with pytest.raises(ConfigError, match=r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"):
         Diffusion().scheduler("euler", 10)
+
+
+def test_guidance_acts_only_inside_its_interval_of_the_trajectory():
+    torch.manual_seed(0)
+    model, diffusion = build_unet(1, 8, 3, [8, 16], norm_groups=4).eval(), Diffusion(timesteps=100)
+    labels = torch.arange(4) % 3
+
+    def draw(guidance: float, interval: tuple[float, float]) -> torch.Tensor:
+        return diffusion.sample(model, labels, (1, 8, 8), 3, 5, guidance, torch.Generator().manual_seed(0),
+                                guidance_interval=interval)
+
+    unguided, guided = draw(0.0, (0.0, 1.0)), draw(3.0, (0.0, 1.0))
+    assert torch.equal(draw(3.0, (0.999, 1.0)), unguided)  # no step of 5 lies at t / T >= 0.999
+    partly = draw(3.0, (0.5, 1.0))
+    assert not torch.allclose(partly, unguided) and not torch.allclose(partly, guided)
+
+
+@pytest.mark.parametrize("interval", [[0.6, 0.2], [0.0, 1.5], [0.5]])
+def test_a_bad_guidance_interval_is_refused_before_the_run_starts(interval):
+    config = resolve_config("dpdm", dataset="digits", overrides=[f"diffusion.guidance_interval={interval}"])
+    with pytest.raises(ConfigError, match="diffusion.guidance_interval must be"):
+        plan_budget_for(config, dataset_from_config(config).info)

@@ -129,6 +129,36 @@ def test_settings_reject_unknown_classifiers_and_bad_counts():
         EvaluationSettings.from_config({**section, "num_real": 0})
 
 
+def test_the_dpimagebench_protocol_fixes_its_settings_and_refuses_a_release_under_60k(tmp_path, digits, capsys):
+    from dpsynth.config import BASE_CONFIG
+
+    section = {**BASE_CONFIG["evaluation"], "protocol": "dpimagebench", "classifiers": ["cnn"], "num_synthetic": 10}
+    settings = EvaluationSettings.from_config(section)
+    assert settings.classifiers == ("wrn-28-10", "resnet164") and settings.num_synthetic == 60000
+    assert settings.training() == TrainingSettings(50, 256, 0.01, "step", 0.9999)
+    with pytest.raises(ConfigError, match="evaluation.protocol must be one of dpsynth, dpimagebench"):
+        EvaluationSettings.from_config({**section, "protocol": "dpimage"})
+    with pytest.raises(ConfigError, match="evaluation.classifier_schedule"):
+        EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "classifier_schedule": "linear"})
+    np.savez(tmp_path / "small.npz", images=digits[:40], labels=np.arange(40) % 10)
+    assert main(["evaluate", str(tmp_path / "small.npz"), "--dataset", "digits", "--device", "cpu",
+                 "--set", "evaluation.protocol=dpimagebench"]) == 2
+    assert "the release has 40: release 60000 (sampling.num_samples=60000)" in capsys.readouterr().err
+
+
+def test_a_classifier_ema_changes_what_is_scored_not_how_the_weights_train(digits):
+    images, labels = torch.from_numpy(digits[:64]).float() / 255, torch.arange(64) % 10
+    scored, final = [], []
+    for ema in (0.0, 0.9):
+        torch.manual_seed(0)
+        model = build_classifier("cnn", 1, 10)
+        train_epochs(model, images, labels, TrainingSettings(2, 16, 1e-2, "step", ema), torch.device("cpu"),
+                     torch.Generator().manual_seed(0), lambda m: scored.append(m[0].weight.detach().clone()), "cnn")
+        final.append(model[0].weight.detach().clone())
+    assert torch.equal(final[0], final[1])  # the trained weights are restored after each scoring
+    assert not torch.allclose(scored[1], scored[3]) and torch.equal(scored[1], final[0])
+
+
 @pytest.mark.slow
 def test_cnn_trained_on_10k_real_fashion_mnist_reaches_88_percent():
     dataset = load_dataset("fashion-mnist")
@@ -148,6 +178,7 @@ def test_evaluate_an_npz_from_the_command_line(tmp_path, digits, capsys, evaluat
     code = main(["evaluate", str(tmp_path / "fake.npz"), "--dataset", "digits", "--device", "cpu",
                  "--set", "evaluation.num_synthetic=40", "--set", "evaluation.num_real=40",
                  "--set", "evaluation.classifiers=[cnn, resnet]", "--set", "evaluation.classifier_epochs=1",
+                 "--set", "evaluation.classifier_seeds=2",
                  "--set", "evaluation.kid_subset_size=20", "--set", "evaluation.kid_subsets=5",
                  "--set", f"evaluation.cache_dir={tmp_path / 'cache'}"])
     printed = capsys.readouterr().out
@@ -156,7 +187,15 @@ def test_evaluate_an_npz_from_the_command_line(tmp_path, digits, capsys, evaluat
     out = tmp_path / "fake-evaluation"
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["accuracy"]) == {"cnn", "resnet"}
-    assert metrics["evaluation_privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)  # two selections at 0.5
+    cnn = metrics["accuracy"]["cnn"]
+    scores = [run["test_accuracy"] for run in cnn["seeds"]]
+    assert [run["seed"] for run in cnn["seeds"]] == [0, 1] and cnn["test_accuracy"] == pytest.approx(np.mean(scores))
+    assert cnn["test_accuracy_std"] == pytest.approx(np.std(scores, ddof=1))
+    for run in cnn["seeds"]:  # one epoch: the chosen weights are the last ones
+        assert run["selected_epoch"] == 1 and run["test_accuracy"] == run["last_epoch_test_accuracy"]
+    assert "+-" in printed and "2 seed(s)" in printed
+    assert metrics["evaluation_privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)  # four selections at 0.25
+    assert cnn["selection_epsilon"] == pytest.approx(0.5)
     (ledger,) = evaluation_ledgers.iterdir()  # the release's own ledger, named by its hash
     assert len(PrivacyLedger.load(ledger).events("evaluation")) == 1  # merged: same noise
     assert (out / "samples.png").exists() and (out / "nearest_neighbours.png").exists()

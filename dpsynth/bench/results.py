@@ -56,6 +56,7 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
     row["kid"] = metrics["kid"]["mean"] if metrics else None
     for name, result in (metrics or {}).get("accuracy", {}).items():
         row[f"accuracy_{name}"] = result["test_accuracy"]
+        row[f"accuracy_{name}_std"] = result.get("test_accuracy_std")
     row["selection_epsilon"] = metrics["evaluation_privacy"]["epsilon"] if metrics else None
     for phase in ("synthesis", "evaluation"):
         spent = [a for a in attempts if a["phase"] == phase]
@@ -99,12 +100,14 @@ def _cell(value: Any, digits: int = 3, percent: bool = False) -> str:
 def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
     """One table per dataset, headed by the machine, preset, date and version that produced it."""
     classifiers = list(dict.fromkeys(k.removeprefix("accuracy_") for row in rows for k in row
-                                     if k.startswith("accuracy_")))
+                                     if k.startswith("accuracy_") and not k.endswith("_std")))
     lines = ["# dpsynth bench", "", f"- generated {time.strftime('%Y-%m-%d %H:%M %Z')} by dpsynth {__version__}"
              f"{_commit()}, preset `{preset}`", f"- machine: {machine()}",
              "- time: wall and CPU minutes of the child processes (summed over resumes); synthesis is training "
              "plus sampling the release, evaluation is FID/KID/precision/recall and the downstream classifiers; "
              "memory: peak resident set of any child (and peak CUDA memory allocated, on a GPU)",
+             "- accuracy: mean ± standard deviation over the classifier seeds (`evaluation.classifier_seeds`), each "
+             "at the epoch Report Noisy Max picks on the validation split",
              "- epsilon: spent by the synthesis, from its ledger (privacy split: each stage's share); model "
              "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
     header = (["method", "target ε", "ε spent", "FID (FID∞)", "KID", "precision", "recall"]
@@ -118,12 +121,20 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
                                                       if row["peak_cuda_gib"] is not None else "")
             cells = ([row["method"], f"{row['target_epsilon']:g}", _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
                       _cell(row["precision"]), _cell(row["recall"])]
-                     + [_cell(row.get(f"accuracy_{name}"), percent=True) for name in classifiers]
+                     + [_accuracy(row, name) for name in classifiers]
                      + [_minutes(row, "synthesis"), _minutes(row, "evaluation"), memory,
                         row["privacy_split"] or "–", row["status"]])
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _accuracy(row: dict[str, Any], classifier: str) -> str:
+    """Mean test accuracy ± its standard deviation over the classifier seeds, in percent."""
+    mean, std = row.get(f"accuracy_{classifier}"), row.get(f"accuracy_{classifier}_std")
+    if mean is None or std is None:
+        return _cell(mean, percent=True)
+    return f"{100 * mean:.1f} ± {100 * std:.1f} %"
 
 
 def _minutes(row: dict[str, Any], phase: str) -> str:
@@ -160,7 +171,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], cells: list[Cell]) -> None:
     from matplotlib import pyplot as plt
 
     metrics = {"fid.png": ["fid"], "accuracy.png": [k for k in dict.fromkeys(k for r in rows for k in r)
-                                                    if k.startswith("accuracy_")]}
+                                                    if k.startswith("accuracy_") and not k.endswith("_std")]}
     datasets = list(dict.fromkeys(row["dataset"] for row in rows))
     for filename, keys in metrics.items():
         if not keys:
@@ -187,15 +198,17 @@ def _label(key: str) -> str:
 
 
 def _bars(axis: Any, rows: list[dict[str, Any]], key: str, title: str) -> None:
-    """Grouped bars: one group per method, one bar per target epsilon (absent where not measured yet)."""
+    """Grouped bars: one group per method, one bar per target epsilon (absent where not measured yet), with
+    error bars where the row holds ``<key>_std``."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     epsilons = list(dict.fromkeys(r["target_epsilon"] for r in rows))
     width = 0.8 / len(epsilons)
     for k, epsilon in enumerate(epsilons):
-        values = [next((r[key] for r in rows if r["method"] == m and r["target_epsilon"] == epsilon
-                        and r.get(key) is not None), np.nan) for m in methods]
+        values, spreads = ([next((r[name] for r in rows if r["method"] == m and r["target_epsilon"] == epsilon
+                                  and r.get(name) is not None), np.nan) for m in methods]
+                           for name in (key, f"{key}_std"))
         axis.bar(np.arange(len(methods)) + (k - (len(epsilons) - 1) / 2) * width, values, width,
-                 label=f"ε = {epsilon:g}")
+                 yerr=spreads, capsize=3, label=f"ε = {epsilon:g}")
     axis.set_xticks(np.arange(len(methods)), methods, rotation=20)
     axis.set(title=title)
     axis.legend()

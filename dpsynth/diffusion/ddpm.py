@@ -23,6 +23,8 @@ from torch import nn
 from ..errors import ConfigError
 
 ModelFn = Callable[..., Any]
+Interval = tuple[float, float] | list[float]
+FULL_TRAJECTORY = (0.0, 1.0)
 PREDICTIONS = {"epsilon": "epsilon", "v": "v_prediction"}
 SAMPLERS: dict[str, type[SchedulerMixin]] = {"dpm-solver++": DPMSolverMultistepScheduler, "ddim": DDIMScheduler,
                                              "unipc": UniPCMultistepScheduler}
@@ -114,13 +116,15 @@ class Diffusion:
     @torch.no_grad()
     def sample(self, model: ModelFn, labels: torch.Tensor, shape: tuple[int, ...], null_label: int, steps: int = 50,
                guidance: float = 0.0, generator: torch.Generator | None = None, sampler: str = "dpm-solver++",
-               device: torch.device | None = None) -> torch.Tensor:
+               device: torch.device | None = None, guidance_interval: Interval = FULL_TRAJECTORY) -> torch.Tensor:
         """Samples for ``labels`` in [0, 1] (on the CPU) after ``steps`` deterministic steps of ``sampler``.
 
         ``model`` may be any callable with the UNet's signature (a compiled UNet) when ``device`` says where it
-        runs (default: the device of the module's parameters)."""
+        runs (default: the device of the module's parameters). Guidance acts at the steps whose t / T lies in
+        ``guidance_interval`` (Kynkäänniemi et al. 2024: guidance at high noise costs diversity)."""
         scheduler = self.scheduler(sampler, steps)
-        return self.denoise(model, labels, shape, null_label, scheduler, guidance, generator, device).cpu()
+        return self.denoise(model, labels, shape, null_label, scheduler, guidance, generator, device,
+                            guidance_interval).cpu()
 
     def ddim(self, model: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
              steps: int, guidance: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -137,12 +141,25 @@ class Diffusion:
 
     def denoise(self, model: ModelFn, labels: torch.Tensor, shape: tuple[int, ...], null_label: int,
                 scheduler: SchedulerMixin, guidance: float = 0.0, generator: torch.Generator | None = None,
-                device: torch.device | None = None) -> torch.Tensor:
-        """Images in [0, 1] for ``labels`` from Gaussian noise (drawn from ``generator``) by ``scheduler``'s steps."""
+                device: torch.device | None = None, guidance_interval: Interval = FULL_TRAJECTORY) -> torch.Tensor:
+        """Images in [0, 1] for ``labels`` from Gaussian noise (drawn from ``generator``) by ``scheduler``'s steps,
+        guided where t / T lies in ``guidance_interval``."""
         device = device or next(model.parameters()).device
         x = torch.randn((len(labels), *shape), generator=generator).to(device)
         labels = labels.to(device)
+        low, high = check_interval(guidance_interval)
         for t in scheduler.timesteps:
-            out = self.guided(model, x, t.expand(len(labels)).to(device), labels, null_label, guidance)
+            weight = guidance if low <= int(t) / self.timesteps <= high else 0.0
+            out = self.guided(model, x, t.expand(len(labels)).to(device), labels, null_label, weight)
             x = scheduler.step(out.float(), t, x).prev_sample
         return ((x + 1) / 2).clamp(0, 1)
+
+
+def check_interval(interval: Interval) -> tuple[float, float]:
+    """``diffusion.guidance_interval`` as (low, high) with 0 <= low <= high <= 1; ConfigError otherwise."""
+    values = tuple(interval) if isinstance(interval, (list, tuple)) else ()
+    if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) \
+            or not 0 <= values[0] <= values[1] <= 1:
+        raise ConfigError(f"diffusion.guidance_interval must be [low, high] with 0 <= low <= high <= 1 (shares of "
+                          f"the noise schedule's T), got {interval!r}")
+    return float(values[0]), float(values[1])

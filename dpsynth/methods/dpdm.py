@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
 from ..diffusion import Diffusion
+from ..diffusion.ddpm import FULL_TRAJECTORY, check_interval
 from ..diffusion.inference import sampling_inputs, sampling_model
 from ..hardware import resolve_bf16
 from ..models import build_unet
@@ -28,7 +29,8 @@ class DPDM(Method):
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
                       "label_dropout": 0.1,
-                      "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0},
+                      "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
+                      "guidance_interval": [0.0, 1.0]},
         "dpsgd": {
             "batch_size": 4096,
             "epochs": 150.0,
@@ -60,6 +62,7 @@ class DPDM(Method):
         super().__init__(config)
         settings = config["diffusion"]
         self.diffusion = Diffusion(settings["timesteps"], settings["beta_schedule"], settings["prediction"])
+        self.guidance_interval = check_interval(settings.get("guidance_interval", FULL_TRAJECTORY))
         self.model: torch.nn.Module | None = None
         self.ema: EMA | None = None
         self.info: DatasetInfo | None = None
@@ -142,7 +145,8 @@ class DPDM(Method):
                 sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
             images = torch.cat([
                 self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings["sample_steps"],
-                                      settings["guidance"], generator, sampler(self.config), chosen.device)
+                                      settings["guidance"], generator, sampler(self.config), chosen.device,
+                                      self.guidance_interval)
                 for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
             ])
         self.sampling_report = chosen.report()

@@ -84,8 +84,10 @@ CLASSIFIERS: dict[str, Callable[[int, int], nn.Module]] = {
     "cnn": small_cnn,
     "resnet": resnet(20),
     "resnet56": resnet(56),
+    "resnet164": resnet(164),  # DPImageBench's ResNet (basic blocks)
     "wrn": wide_resnet(16, 2),
     "wrn-40-4": wide_resnet(40, 4),
+    "wrn-28-10": wide_resnet(28, 10),  # DPImageBench's WRN (without its dropout)
 }
 
 
