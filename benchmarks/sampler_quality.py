@@ -11,16 +11,14 @@ Usage: python benchmarks/sampler_quality.py RUN_DIR [--contenders ddim:25 dpm-so
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
 import torch
+from trained import final_state, trained_method
 
 from dpsynth.api import dataset_from_config
 from dpsynth.evaluation import EvaluationSettings
 from dpsynth.evaluation.evaluate import fidelity_metrics, inception_extractor, real_features
-from dpsynth.methods import get_method
-from dpsynth.privacy.dpsgd import EMA
 from dpsynth.runs import RunDirectory
 from dpsynth.utils.images import to_uint8
 
@@ -30,7 +28,7 @@ def main() -> None:
     run = RunDirectory(args.run)
     config = run.config()
     dataset = dataset_from_config(config)
-    state = torch.load(run.file("checkpoint.pt"), map_location="cpu", weights_only=False)["state"]
+    state = final_state(run)
     settings = EvaluationSettings.from_config(config["evaluation"])
     extractor = inception_extractor(settings, torch.device("cpu"))
     _, real = real_features(dataset, settings, extractor)
@@ -39,26 +37,13 @@ def main() -> None:
     print("| sampler | steps | seconds | FID | FID∞ | KID |\n| --- | --- | --- | --- | --- | --- |")
     for contender in args.contenders:
         sampler, steps = contender.split(":")
-        method = _trained(config, state, dataset.info, sampler, int(steps))
+        method = trained_method(config, state, dataset.info, sampler=sampler, sample_steps=int(steps))
         start = time.perf_counter()
         images, _, _ = method.generate(args.images, torch.Generator().manual_seed(0))
         seconds = time.perf_counter() - start
         metrics = fidelity_metrics(extractor(to_uint8(images)), real, settings)
         print(f"| {sampler} | {steps} | {seconds:.1f} | {metrics['fid']:.1f} | {metrics['fid_infinity']:.1f} | "
               f"{metrics['kid']['mean']:.4f} ± {metrics['kid']['std']:.4f} |", flush=True)
-
-
-def _trained(config: dict, state: dict, info: object, sampler: str, steps: int) -> object:
-    """The run's method with its EMA weights, sampling with ``sampler`` in ``steps`` steps."""
-    config = copy.deepcopy(config)
-    config["diffusion"].update(sampler=sampler, sample_steps=steps)
-    method = get_method(config["method"])(config)
-    model = method._build(info, torch.device("cpu"))
-    ema = EMA(model, 0.0)
-    ema.load_state_dict(state["ema"])
-    ema.copy_to(model)
-    method.model, method.info = model, info
-    return method
 
 
 def _arguments() -> argparse.Namespace:
