@@ -39,6 +39,7 @@ BASE_CONFIG: Config = {
         "pr_k": 4,
         "classifiers": ["cnn", "resnet"],
         "classifier_epochs": 10,
+        "soft_label_epochs": None,
         "classifier_seeds": 3,
         "classifier_batch_size": 128,
         "classifier_lr": 3e-3,

@@ -13,11 +13,14 @@ from dpsynth.evaluation.downstream import distillation_loss
 from dpsynth.evaluation.release import load_release
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_batch, uniform_targets
 from dpsynth.methods.dp_imgsyn.statistics import (
+    MomentScaling,
     batch_statistics,
     clipped_moment_sum,
     example_moments,
+    layer_widths,
     norm_inputs,
     private_statistics,
+    public_scaling,
 )
 from dpsynth.models import group_norm_resnet
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
@@ -35,9 +38,14 @@ def tiny_teacher(seed: int = 0) -> torch.nn.Module:
     return group_norm_resnet(1, 10, [1, 1], [8, 16], groups=4).eval()
 
 
+def unscaled(teacher: torch.nn.Module, clip: float) -> MomentScaling:
+    return MomentScaling(torch.ones(2 * sum(layer_widths(teacher))), clip)
+
+
 def test_unclipped_moments_give_the_batch_statistics_batchnorm_would_keep():
     teacher, images = tiny_teacher(), torch.randn(12, 1, 8, 8)
-    stats = batch_statistics(teacher, images, clip=1e9)
+    scaling = public_scaling(teacher, torch.rand(20, 1, 8, 8), 1e9, 7, CPU)
+    stats = batch_statistics(teacher, images, scaling)  # scaled, then unscaled: the same statistics
     with torch.no_grad(), norm_inputs(teacher) as captured:
         teacher(images)
     for inputs, mean, variance in zip(captured, stats.means, stats.variances, strict=True):
@@ -45,30 +53,43 @@ def test_unclipped_moments_give_the_batch_statistics_batchnorm_would_keep():
         assert torch.allclose(variance, inputs.var(dim=(0, 2, 3), unbiased=False), atol=1e-4)
 
 
-def test_one_example_moves_the_clipped_moment_sum_by_at_most_the_clipping_norm():
-    teacher, clip = tiny_teacher(), 0.5
-    images = torch.randn(30, 1, 8, 8)
-    outlier = torch.full((1, 1, 8, 8), 50.0)  # its moment vector is far longer than the clipping norm
+def test_public_scaling_weighs_every_block_alike_and_sets_the_clip_from_public_images_only():
+    teacher, public = tiny_teacher(), torch.rand(50, 1, 8, 8) * 2 - 1
+    scaling = public_scaling(teacher, public, None, 16, CPU)
     with torch.no_grad():
-        assert example_moments(teacher, outlier)[1].norm() > 10 * clip
-    base = clipped_moment_sum(teacher, images, clip, 7, CPU)
+        moments = example_moments(teacher, public)[1] * scaling.scale
+    sizes = [w for width in layer_widths(teacher) for w in (width, width)]
+    block_norms = torch.stack([block.norm(dim=1) for block in moments.split(sizes, dim=1)], dim=1).mean(dim=0)
+    assert torch.allclose(block_norms, torch.full_like(block_norms, len(sizes) ** -0.5), rtol=1e-4)
+    assert scaling.clip == pytest.approx(1.5 * float(moments.norm(dim=1).max()), rel=1e-4)
+    assert public_scaling(teacher, public, 0.7, 16, CPU).clip == 0.7
+
+
+def test_one_example_moves_the_scaled_clipped_moment_sum_by_at_most_the_clipping_norm():
+    teacher = tiny_teacher()
+    scaling = public_scaling(teacher, torch.rand(20, 1, 8, 8), 0.5, 7, CPU)  # a fixed scale, not the data's
+    images = torch.randn(30, 1, 8, 8)
+    outlier = torch.full((1, 1, 8, 8), 50.0)  # its scaled moment vector is far longer than the clipping norm
+    with torch.no_grad():
+        assert (example_moments(teacher, outlier)[1] * scaling.scale).norm() > 10 * scaling.clip
+    base = clipped_moment_sum(teacher, images, scaling, 7, CPU)
     for neighbour in (torch.cat([images, outlier]), images[1:], torch.cat([images, images[:1] * 3])):
-        change = (clipped_moment_sum(teacher, neighbour, clip, 7, CPU) - base).norm()
-        assert change <= clip * (1 + 1e-6)
-    assert (clipped_moment_sum(teacher, torch.cat([images, outlier]), clip, 7, CPU) - base).norm() == \
-        pytest.approx(clip, rel=1e-6)  # the bound is attained
+        change = (clipped_moment_sum(teacher, neighbour, scaling, 7, CPU) - base).norm()
+        assert change <= scaling.clip * (1 + 1e-6)
+    assert (clipped_moment_sum(teacher, torch.cat([images, outlier]), scaling, 7, CPU) - base).norm() == \
+        pytest.approx(scaling.clip, rel=1e-6)  # the bound is attained
 
 
 def test_private_statistics_are_one_gaussian_mechanism_with_the_clip_as_sensitivity(tmp_path):
     teacher, images = tiny_teacher(), torch.randn(40, 1, 8, 8)
     ledger = PrivacyLedger(tmp_path / "ledger.json")
-    noiseless = private_statistics(teacher, images, 2.0, 1e-9, 16, CPU, ledger, "statistics",
+    noiseless = private_statistics(teacher, images, unscaled(teacher, 2.0), 1e-9, 16, CPU, ledger, "statistics",
                                    secret_stream())
     with torch.no_grad():
-        clipped = batch_statistics(teacher, images, 2.0)
+        clipped = batch_statistics(teacher, images, unscaled(teacher, 2.0))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(noiseless.means, clipped.means, strict=True))
     assert ledger.events() == [GaussianMechanism(1e-9)]
-    noisy = private_statistics(teacher, images, 2.0, 30.0, 16, CPU, ledger, "statistics",
+    noisy = private_statistics(teacher, images, unscaled(teacher, 2.0), 30.0, 16, CPU, ledger, "statistics",
                                secret_stream())
     error = torch.cat([a - b for a, b in zip(noisy.means, clipped.means, strict=True)])
     assert error.std() == pytest.approx(30.0 * 2.0 / 40, rel=0.3)  # sigma C / N per coordinate
@@ -78,11 +99,12 @@ def test_alignment_lowers_the_feature_loss():
     teacher = tiny_teacher()
     for param in teacher.parameters():
         param.requires_grad_(False)
-    private = batch_statistics(teacher, torch.rand(64, 1, 8, 8) * 2 - 1, clip=1e9)
+    scaling = public_scaling(teacher, torch.rand(20, 1, 8, 8) * 2 - 1, 1e9, 7, CPU)
+    private = batch_statistics(teacher, torch.rand(64, 1, 8, 8) * 2 - 1, scaling)
     settings = AlignmentSettings(iterations=30, lr=0.05, betas=(0.5, 0.99), batch_size=20, alpha_feature=10.0,
                                  alpha_class=1.0, alpha_tv=2.5e-5, alpha_l2=3e-8)
     start = torch.zeros(20, 1, 8, 8) - 0.9  # far from the private statistics
-    aligned, losses = align_batch(teacher, start, uniform_targets(20, 10), private, 1e9, settings)
+    aligned, losses = align_batch(teacher, start, uniform_targets(20, 10), private, scaling, settings)
     assert losses["aligned_feature"] < 0.5 * losses["start_feature"]
     assert aligned.min() >= -1 and aligned.max() <= 1
     assert uniform_targets(20, 10).bincount().tolist() == [2] * 10

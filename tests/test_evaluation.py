@@ -129,13 +129,23 @@ def test_settings_reject_unknown_classifiers_and_bad_counts():
         EvaluationSettings.from_config({**section, "num_real": 0})
 
 
+def test_soft_label_epochs_set_the_schedule_of_students_of_a_soft_label_release_only():
+    from dpsynth.config import BASE_CONFIG
+
+    settings = EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 30})
+    assert settings.training(True).epochs == 30 and settings.training(False).epochs == 10
+    assert EvaluationSettings.from_config(BASE_CONFIG["evaluation"]).training(True).epochs == 10
+    with pytest.raises(ConfigError, match="evaluation.soft_label_epochs must be a positive integer or null"):
+        EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 0})
+
+
 def test_the_dpimagebench_protocol_fixes_its_settings_and_refuses_a_release_under_60k(tmp_path, digits, capsys):
     from dpsynth.config import BASE_CONFIG
 
     section = {**BASE_CONFIG["evaluation"], "protocol": "dpimagebench", "classifiers": ["cnn"], "num_synthetic": 10}
     settings = EvaluationSettings.from_config(section)
     assert settings.classifiers == ("wrn-28-10", "resnet164") and settings.num_synthetic == 60000
-    assert settings.training() == TrainingSettings(50, 256, 0.01, "step", 0.9999)
+    assert settings.training(False) == TrainingSettings(50, 256, 0.01, "step", 0.9999)
     with pytest.raises(ConfigError, match="evaluation.protocol must be one of dpsynth, dpimagebench"):
         EvaluationSettings.from_config({**section, "protocol": "dpimage"})
     with pytest.raises(ConfigError, match="evaluation.classifier_schedule"):

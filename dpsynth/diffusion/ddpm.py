@@ -87,15 +87,28 @@ class Diffusion:
         affine, invertible map of the output for a given (x_t, t), so a model that predicts noise or v
         predicts the next-step image (DP-SAD's parameterisation) and vice versa.
         """
+        clean_weight, noisy_weight = self.posterior_weights(times, noisy)
+        return clean_weight * self.predicted_clean(output, noisy, times) + noisy_weight * noisy
+
+    def predicted_clean(self, output: torch.Tensor, noisy: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        """The denoised image x_0 in [-1, 1] that the network's ``output`` at (x_t = ``noisy``, t) predicts."""
         abar = self._at(self.alphas_cumprod, times, noisy)
-        previous = torch.cat([torch.ones(1), self.alphas_cumprod[:-1]])
-        abar_prev = self._at(previous, times, noisy)
         if self.prediction == "epsilon":
-            x0 = (noisy - (1 - abar).sqrt() * output) / abar.sqrt()
-        else:
-            x0 = abar.sqrt() * noisy - (1 - abar).sqrt() * output
+            return (noisy - (1 - abar).sqrt() * output) / abar.sqrt()
+        return abar.sqrt() * noisy - (1 - abar).sqrt() * output
+
+    def clean_from_previous(self, previous: torch.Tensor, noisy: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        """The denoised image x_0 that a next-step image x_{t-1} implies at (x_t, t): :meth:`previous_mean` inverted."""
+        clean_weight, noisy_weight = self.posterior_weights(times, noisy)
+        return (previous - noisy_weight * noisy) / clean_weight
+
+    def posterior_weights(self, times: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a_t, b_t) of the posterior mean x_{t-1} = a_t x_0 + b_t x_t, shaped to broadcast over ``like``."""
+        abar = self._at(self.alphas_cumprod, times, like)
+        previous = torch.cat([torch.ones(1), self.alphas_cumprod[:-1]])
+        abar_prev = self._at(previous, times, like)
         beta = 1 - abar / abar_prev
-        return (abar_prev.sqrt() * beta * x0 + (1 - beta).sqrt() * (1 - abar_prev) * noisy) / (1 - abar)
+        return abar_prev.sqrt() * beta / (1 - abar), (1 - beta).sqrt() * (1 - abar_prev) / (1 - abar)
 
     @staticmethod
     def _at(schedule: torch.Tensor, times: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

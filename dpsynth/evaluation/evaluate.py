@@ -65,6 +65,7 @@ class EvaluationSettings:
     pr_k: int
     classifiers: tuple[str, ...]
     classifier_epochs: int
+    soft_label_epochs: int | None
     classifier_seeds: int
     classifier_batch_size: int
     classifier_lr: float
@@ -92,6 +93,10 @@ class EvaluationSettings:
                     "classifier_epochs", "classifier_seeds", "classifier_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"evaluation.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.soft_label_epochs is not None and not (isinstance(self.soft_label_epochs, int)
+                                                       and self.soft_label_epochs >= 1):
+            raise ConfigError("evaluation.soft_label_epochs must be a positive integer or null (classifier_epochs), "
+                              f"got {self.soft_label_epochs!r}")
         if self.real_split not in ("train", "val", "test"):
             raise ConfigError(f"evaluation.real_split must be train, val or test, got {self.real_split!r}")
         if self.classifiers and not self.selection_epsilon > 0:
@@ -104,10 +109,13 @@ class EvaluationSettings:
         if not 0 <= self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
 
-    def training(self) -> TrainingSettings:
-        """How each downstream classifier is trained."""
-        return TrainingSettings(self.classifier_epochs, self.classifier_batch_size, self.classifier_lr,
-                                self.classifier_schedule, self.classifier_ema)
+    def training(self, soft_labels: bool) -> TrainingSettings:
+        """How each downstream classifier is trained: by distillation on a release with ``soft_labels`` for
+        ``soft_label_epochs`` when set (DP-ImgSyn's students train longer), else for ``classifier_epochs``."""
+        distilled = soft_labels and self.soft_label_epochs is not None
+        epochs = self.soft_label_epochs if distilled else self.classifier_epochs
+        return TrainingSettings(epochs, self.classifier_batch_size, self.classifier_lr, self.classifier_schedule,
+                                self.classifier_ema)
         resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")
 
 
@@ -188,7 +196,7 @@ def fidelity_metrics(synthetic: np.ndarray, real: np.ndarray, settings: Evaluati
 def _accuracies(release: Release, dataset: Dataset, settings: EvaluationSettings, ledger: PrivacyLedger,
                 device: torch.device) -> dict[str, Any]:
     """Each classifier's accuracy over ``classifier_seeds`` seeds; the selection budget is split evenly over all."""
-    training = settings.training()
+    training = settings.training(release.soft_label_tensor() is not None)
     seeds = range(settings.seed, settings.seed + settings.classifier_seeds)
     share = settings.selection_epsilon / max(1, len(settings.classifiers) * len(seeds))
     synthetic = release.image_set()

@@ -22,7 +22,7 @@ from ..privacy.dpsgd import DPSGD, DpsgdSettings
 from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
 from ..privacy.randomness import SecretStream
 from .dp_feta.central import CentralQuery, central_images
-from .dp_imgsyn.statistics import example_moments, private_statistics
+from .dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
 from .feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from .pe.histogram import dp_histograms, nearest_neighbour_votes
 
@@ -137,12 +137,12 @@ def groupnorm_statistics() -> Trial:
     canary = torch.ones(1, 1, SIDE, SIDE)
     with torch.no_grad():
         moments = example_moments(model, canary)[1][0]
-    clip = float(moments.norm()) / 2
+    unscaled = MomentScaling(torch.ones_like(moments), float(moments.norm()) / 2)
     direction = moments / moments.norm()
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         data = torch.cat([images, canary]) if with_canary else images
-        statistics = private_statistics(model, data, clip, SIGMA, 64, torch.device("cpu"), ledger, STAGE, noise)
+        statistics = private_statistics(model, data, unscaled, SIGMA, 64, torch.device("cpu"), ledger, STAGE, noise)
         parts = [torch.cat([mean, variance + mean.pow(2)])
                  for mean, variance in zip(statistics.means, statistics.variances, strict=True)]
         return float(torch.cat(parts).double() @ direction.double()) * len(data)

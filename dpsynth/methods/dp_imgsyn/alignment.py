@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .statistics import BatchStatistics, batch_statistics
+from .statistics import BatchStatistics, MomentScaling, batch_statistics
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,9 @@ def total_variation(images: torch.Tensor) -> torch.Tensor:
 
 
 def alignment_loss(teacher: nn.Module, images: torch.Tensor, targets: torch.Tensor, private: BatchStatistics,
-                   clip: float, settings: AlignmentSettings) -> dict[str, torch.Tensor]:
+                   scaling: MomentScaling, settings: AlignmentSettings) -> dict[str, torch.Tensor]:
     """Eq. 5 and its terms for a batch of teacher inputs."""
-    feature = batch_statistics(teacher, images, clip).distance(private)
+    feature = batch_statistics(teacher, images, scaling).distance(private)
     classification = F.cross_entropy(teacher(images), targets)
     tv, l2 = total_variation(images), images.pow(2).flatten(1).sum(1).mean()
     total = (settings.alpha_feature * feature + settings.alpha_class * classification + settings.alpha_tv * tv
@@ -59,21 +59,21 @@ def uniform_targets(count: int, num_classes: int) -> torch.Tensor:
 
 
 def align_batch(teacher: nn.Module, start: torch.Tensor, targets: torch.Tensor, private: BatchStatistics,
-                clip: float, settings: AlignmentSettings) -> tuple[torch.Tensor, dict[str, float]]:
+                scaling: MomentScaling, settings: AlignmentSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """Alg. 1 on one batch of teacher inputs (teacher frozen): the aligned batch, and its loss terms before
     and after alignment."""
     teacher.eval()
     images = start.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([images], lr=settings.lr, betas=settings.betas)
     for _ in range(settings.iterations):
-        loss = alignment_loss(teacher, images, targets, private, clip, settings)["total"]
+        loss = alignment_loss(teacher, images, targets, private, scaling, settings)["total"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         with torch.no_grad():
             images.clamp_(-1, 1)
     with torch.no_grad():
-        before = alignment_loss(teacher, start, targets, private, clip, settings)
-        after = alignment_loss(teacher, images, targets, private, clip, settings)
+        before = alignment_loss(teacher, start, targets, private, scaling, settings)
+        after = alignment_loss(teacher, images, targets, private, scaling, settings)
     return images.detach(), {**{f"start_{k}": float(v) for k, v in before.items()},
                              **{f"aligned_{k}": float(v) for k, v in after.items()}}

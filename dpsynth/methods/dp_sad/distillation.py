@@ -16,11 +16,17 @@ TEACHER, STUDENT = 0, 1  # the discriminator's classes: labels [1, 0] and [0, 1]
 
 
 class Discriminator(nn.Module):
-    """Teacher-or-student classifier of a next-step image x_{t-1}, told the time t as an extra channel."""
+    """Teacher-or-student classifier of a next-step image x_{t-1} at (x_t, t).
 
-    def __init__(self, channels: int, width: int, timesteps: int) -> None:
+    It judges the denoised image x_0 = (x_{t-1} - b_t x_t) / a_t that x_{t-1} implies, told t as an extra
+    channel. Shown x_{t-1} itself it learnt nothing: a_t < 0.01 for most t, so the teacher's and the
+    student's x_{t-1} at the same x_t differ by 0.1 % (median) and its loss stayed at ln 2 (README). x_0
+    carries the same information, undiluted.
+    """
+
+    def __init__(self, channels: int, width: int, diffusion: Diffusion) -> None:
         super().__init__()
-        self.timesteps = timesteps
+        self.diffusion = diffusion
         self.net = nn.Sequential(
             nn.Conv2d(channels + 1, width, 4, 2, 1), nn.LeakyReLU(0.2),
             nn.Conv2d(width, 2 * width, 4, 2, 1), nn.LeakyReLU(0.2),
@@ -28,10 +34,11 @@ class Discriminator(nn.Module):
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 2),
         )
 
-    def forward(self, images: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-        """Logits of (teacher, student) for each image."""
-        plane = (times.to(images.dtype) / self.timesteps).view(-1, 1, 1, 1).expand(-1, 1, *images.shape[2:])
-        return self.net(torch.cat([images, plane], dim=1))
+    def forward(self, previous: torch.Tensor, noisy: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        """Logits of (teacher, student) for each next-step image."""
+        clean = self.diffusion.clean_from_previous(previous, noisy, times)
+        plane = (times.to(clean.dtype) / self.diffusion.timesteps).view(-1, 1, 1, 1).expand(-1, 1, *clean.shape[2:])
+        return self.net(torch.cat([clean, plane], dim=1))
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,9 @@ class StudentLoss:
 
     The student's output is the next-step image x_{t-1} (the posterior mean at its prediction): Eq. 10's
     MSE to the teacher's x_{t-1} and to the data's forward-process x_{t-1}, plus weight x Eq. 7's
-    adversarial term log(1 - D_teacher(x_{t-1})). The gradient with respect to that output is clipped
+    adversarial term log(1 - D_teacher) of the denoised image x_0 that the output implies. Both MSEs equal
+    a_t^2 times the MSE of the implied x_0, so the adversarial term carries that weight a_t^2 too: the
+    balance of the three is then the same at every t. The gradient with respect to the output is clipped
     to ``output_clip`` (Eq. 17) before it is backpropagated into the parameters.
     """
 
@@ -55,13 +64,17 @@ class StudentLoss:
         out = self.diffusion.previous_mean(model_fn(noisy, time, class_labels=label.unsqueeze(0)).sample, noisy, time)
         out = clip_gradient(out, self.output_clip)
         distillation = (out - teacher_next).pow(2).mean() + (out - data_next).pow(2).mean()
-        logits = self.discriminator(out, time)
-        return distillation + self.adversarial_weight * F.log_softmax(logits, dim=-1)[0, STUDENT]
+        if not self.adversarial_weight:
+            return distillation
+        clean_weight = self.diffusion.posterior_weights(time, out)[0].view(())
+        adversarial = F.log_softmax(self.discriminator(out, noisy, time), dim=-1)[0, STUDENT]
+        return distillation + self.adversarial_weight * clean_weight.square() * adversarial
 
 
 def discriminator_loss(discriminator: Discriminator, teacher_next: torch.Tensor, student_next: torch.Tensor,
-                       times: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of telling the teacher's next-step images (class [1, 0]) from the student's ([0, 1])."""
-    logits = discriminator(torch.cat([teacher_next, student_next]), torch.cat([times, times]))
+                       noisy: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of telling the teacher's next-step images at ``noisy`` (class [1, 0]) from the student's."""
+    both = (torch.cat([teacher_next, student_next]), torch.cat([noisy, noisy]), torch.cat([times, times]))
+    logits = discriminator(*both)
     classes = torch.cat([torch.full_like(times, TEACHER), torch.full_like(times, STUDENT)])
     return F.cross_entropy(logits, classes)
