@@ -124,6 +124,12 @@ def test_bad_bench_input_stops_before_any_run(tmp_path, capsys, extra, message):
     assert not (tmp_path / "bench" / "runs").exists()
 
 
+def test_soft_label_epochs_are_compared_only_between_soft_label_releases(tmp_path, capsys):
+    """DP-ImgSyn's preset trains its students longer than DPDM's; the check passes that key and stops at the next."""
+    assert bench(tmp_path, ["dpdm", "dp-imgsyn"], "--set", "dpdm:evaluation.classifier_seeds=1") == 2
+    assert "evaluation.classifier_seeds differs between cells" in capsys.readouterr().err
+
+
 def test_unknown_method_is_named(tmp_path, capsys):
     assert bench(tmp_path, ["dpdm", "gan"]) == 2
     assert "--methods: unknown gan; known:" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from .results import ATTEMPTS, OUTPUT, write_results
 __all__ = ["Cell", "BenchSpec", "run_bench"]
 
 INTERRUPT_GRACE_S = 5.0
+SOFT_LABEL_EPOCHS = "evaluation.soft_label_epochs"  # compared only between methods whose release has soft labels
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,12 @@ def _split_overrides(spec: BenchSpec) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def _check_comparable(configs: dict[Cell, Config]) -> None:
-    """Every cell releases as many images and is evaluated with the same settings."""
+    """Every cell releases as many images and is evaluated with the same settings (the students of soft-label
+    releases train for their own number of epochs, the same for every such cell)."""
     for key in ("sampling.num_samples", *(f"evaluation.{k}" for k in next(iter(configs.values()))["evaluation"]
                                           if k != "enabled")):
-        values = {cell.name: get_value(config, key) for cell, config in configs.items()}
+        values = {cell.name: get_value(config, key) for cell, config in configs.items()
+                  if key != SOFT_LABEL_EPOCHS or METHODS[cell.method].releases_soft_labels}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"{name}: {value!r}" for name, value in values.items())
             raise ConfigError(f"{key} differs between cells ({shown}); a bench compares methods on equal terms: "

@@ -130,7 +130,8 @@ class Method(ABC):
     """A DP image-synthesis method: its config sections, presets and privacy stages.
 
     Subclasses set ``name``, ``description``, ``sections`` (their config sections with defaults) and
-    ``presets`` (nested overrides of any config key), and register with :func:`register`.
+    ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when ``generate`` returns soft
+    labels, and register with :func:`register`.
     """
 
     name: ClassVar[str]
@@ -138,6 +139,7 @@ class Method(ABC):
     sections: ClassVar[dict[str, dict[str, Any]]]
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "cpu"
+    releases_soft_labels: ClassVar[bool] = False
 
     def __init__(self, config: Config) -> None:
         self.config = config

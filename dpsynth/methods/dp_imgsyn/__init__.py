@@ -44,6 +44,7 @@ class DPImgSyn(Method):
     """DP teacher + DP GroupNorm statistics; public images aligned to them and released with soft labels."""
 
     name = "dp-imgsyn"
+    releases_soft_labels = True
     description = "DP-ImgSyn: public images aligned to a DP teacher's DP statistics, released with soft labels"
     sections = {
         "teacher": {"blocks": [2, 2, 2, 2], "widths": [64, 128, 256, 512], "groups": 32, "batch_size": 128,
