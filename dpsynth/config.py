@@ -40,6 +40,7 @@ BASE_CONFIG: Config = {
         "classifiers": ["cnn", "resnet"],
         "classifier_epochs": 10,
         "soft_label_epochs": None,
+        "distillation_temperature": None,
         "classifier_seeds": 3,
         "classifier_batch_size": 128,
         "classifier_lr": 3e-3,

@@ -71,6 +71,12 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
     assert "dpdm-digits-eps8/config.yaml: this cell was started with another config (dpsgd.epochs: 1.0 there, " \
            "2.0 now)" in capsys.readouterr().err
 
+    config = pe / "config.yaml"  # a cell made before evaluation.distillation_temperature existed
+    text = config.read_text()
+    assert "  distillation_temperature: null\n" in text
+    config.write_text(text.replace("  distillation_temperature: null\n", "", 1))
+    assert bench(tmp_path, ["dpdm", "pe"]) == 0
+
     (pe / "metrics.json").unlink()
     with (pe / ".bench.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -139,6 +139,19 @@ def test_soft_label_epochs_set_the_schedule_of_students_of_a_soft_label_release_
         EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 0})
 
 
+def test_a_soft_label_release_is_re_tempered_to_the_distillation_temperature():
+    from dpsynth.config import BASE_CONFIG
+    from dpsynth.evaluation.release import Release
+
+    logits = torch.randn(5, 10, dtype=torch.float64) * 8
+    release = Release(np.zeros((5, 1, 8, 8), np.uint8), logits.argmax(1).numpy(),
+                      torch.softmax(logits / 100, 1).float().numpy(), soft_label_temperature=100.0)
+    assert torch.allclose(release.soft_label_tensor(4.0), torch.softmax(logits / 4, 1).float(), atol=1e-5)
+    assert torch.equal(release.soft_label_tensor(), release.soft_label_tensor(100.0))
+    with pytest.raises(ConfigError, match="evaluation.distillation_temperature must be a positive number or null"):
+        EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "distillation_temperature": 0})
+
+
 def test_the_dpimagebench_protocol_fixes_its_settings_and_refuses_a_release_under_60k(tmp_path, digits, capsys):
     from dpsynth.config import BASE_CONFIG
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import dataset_from_config, plan_budget_for, resolve_config
-from ..config import Config, flat_keys, get_value
+from ..config import BASE_CONFIG, Config, flat_keys, get_value
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS
@@ -41,7 +41,9 @@ from .results import ATTEMPTS, OUTPUT, write_results
 __all__ = ["Cell", "BenchSpec", "run_bench"]
 
 INTERRUPT_GRACE_S = 5.0
-SOFT_LABEL_EPOCHS = "evaluation.soft_label_epochs"  # compared only between methods whose release has soft labels
+ABSENT = "<absent>"
+# compared only between methods whose release has soft labels
+SOFT_LABEL_KEYS = ("evaluation.soft_label_epochs", "evaluation.distillation_temperature")
 
 
 @dataclass(frozen=True)
@@ -150,11 +152,11 @@ def _split_overrides(spec: BenchSpec) -> tuple[list[str], dict[str, list[str]]]:
 
 def _check_comparable(configs: dict[Cell, Config]) -> None:
     """Every cell releases as many images and is evaluated with the same settings (the students of soft-label
-    releases train for their own number of epochs, the same for every such cell)."""
+    releases have their own epochs and temperature, the same for every such cell)."""
     for key in ("sampling.num_samples", *(f"evaluation.{k}" for k in next(iter(configs.values()))["evaluation"]
                                           if k != "enabled")):
         values = {cell.name: get_value(config, key) for cell, config in configs.items()
-                  if key != SOFT_LABEL_EPOCHS or METHODS[cell.method].releases_soft_labels}
+                  if key not in SOFT_LABEL_KEYS or METHODS[cell.method].releases_soft_labels}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"{name}: {value!r}" for name, value in values.items())
             raise ConfigError(f"{key} differs between cells ({shown}); a bench compares methods on equal terms: "
@@ -174,10 +176,12 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
 
 
 def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
-    """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing)."""
+    """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing); a key
+    the stored config lacks (a cell made before the key existed) matches its default value."""
     keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted)) if not key.startswith("hardware."))
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
-    found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items() if old != new]
+    found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
+             if old != new and not (old == ABSENT and new == _get_or(BASE_CONFIG, key))]
     return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])
 
 
@@ -185,7 +189,7 @@ def _get_or(config: Config, key: str) -> Any:
     try:
         return get_value(config, key)
     except (KeyError, TypeError):
-        return "<absent>"
+        return ABSENT
 
 
 def _status(run: RunDirectory) -> str:

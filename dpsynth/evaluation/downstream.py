@@ -144,7 +144,7 @@ def downstream_accuracy(
             "selected_epoch": chosen + 1, "epochs": settings.epochs, "last_epoch_test_accuracy": last_epoch,
             "selection_epsilon": selection_epsilon, "seed": seed, "trained_on": len(synthetic),
             "soft_labels": soft_labels is not None,
-            "soft_label_temperature": temperature if soft_labels is not None else None,
+            "distillation_temperature": temperature if soft_labels is not None else None,
             "validation_size": len(validation), "test_size": len(test)}
 
 

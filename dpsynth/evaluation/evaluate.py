@@ -66,6 +66,7 @@ class EvaluationSettings:
     classifiers: tuple[str, ...]
     classifier_epochs: int
     soft_label_epochs: int | None
+    distillation_temperature: float | None
     classifier_seeds: int
     classifier_batch_size: int
     classifier_lr: float
@@ -97,6 +98,10 @@ class EvaluationSettings:
                                                        and self.soft_label_epochs >= 1):
             raise ConfigError("evaluation.soft_label_epochs must be a positive integer or null (classifier_epochs), "
                               f"got {self.soft_label_epochs!r}")
+        if self.distillation_temperature is not None and not (
+                isinstance(self.distillation_temperature, (int, float)) and self.distillation_temperature > 0):
+            raise ConfigError("evaluation.distillation_temperature must be a positive number or null (the release's "
+                              f"soft-label temperature), got {self.distillation_temperature!r}")
         if self.real_split not in ("train", "val", "test"):
             raise ConfigError(f"evaluation.real_split must be train, val or test, got {self.real_split!r}")
         if self.classifiers and not self.selection_epsilon > 0:
@@ -196,12 +201,14 @@ def fidelity_metrics(synthetic: np.ndarray, real: np.ndarray, settings: Evaluati
 def _accuracies(release: Release, dataset: Dataset, settings: EvaluationSettings, ledger: PrivacyLedger,
                 device: torch.device) -> dict[str, Any]:
     """Each classifier's accuracy over ``classifier_seeds`` seeds; the selection budget is split evenly over all."""
-    training = settings.training(release.soft_label_tensor() is not None)
+    temperature = settings.distillation_temperature or release.soft_label_temperature
+    soft_labels = release.soft_label_tensor(temperature)
+    training = settings.training(soft_labels is not None)
     seeds = range(settings.seed, settings.seed + settings.classifier_seeds)
     share = settings.selection_epsilon / max(1, len(settings.classifiers) * len(seeds))
     synthetic = release.image_set()
-    return {name: seeded_accuracy([downstream_accuracy(name, synthetic, release.soft_label_tensor(),
-                                                       release.soft_label_temperature, dataset.val, dataset.test,
+    return {name: seeded_accuracy([downstream_accuracy(name, synthetic, soft_labels, temperature,
+                                                       dataset.val, dataset.test,
                                                        dataset.info.num_classes, training, share, ledger, device,
                                                        seed) for seed in seeds])
             for name in settings.classifiers}

@@ -32,8 +32,15 @@ class Release:
     def image_set(self) -> ImageSet:
         return ImageSet(torch.from_numpy(self.images).float().div_(255), torch.from_numpy(self.labels))
 
-    def soft_label_tensor(self) -> torch.Tensor | None:
-        return None if self.soft_labels is None else torch.from_numpy(self.soft_labels).float()
+    def soft_label_tensor(self, temperature: float | None = None) -> torch.Tensor | None:
+        """The soft labels, re-tempered to ``temperature`` when given: softmax((T / temperature) log p), the
+        teacher's softmax at that temperature (its logits are T log p up to a constant)."""
+        if self.soft_labels is None:
+            return None
+        probabilities = torch.from_numpy(self.soft_labels).double()
+        if temperature is None or temperature == self.soft_label_temperature:
+            return probabilities.float()
+        return torch.softmax(probabilities.log() * (self.soft_label_temperature / temperature), dim=1).float()
 
     def digest(self) -> str:
         """SHA-256 of the images, labels and soft labels: the same release has it in any file or format."""
