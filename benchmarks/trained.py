@@ -2,15 +2,30 @@
 from __future__ import annotations
 
 import copy
+import statistics
 from typing import Any
 
 import torch
 
-from dpsynth.data import DatasetInfo
+from dpsynth.api import dataset_from_config
+from dpsynth.data import Dataset, DatasetInfo
 from dpsynth.methods import get_method
 from dpsynth.methods.base import Method
 from dpsynth.privacy.dpsgd import EMA
 from dpsynth.runs import CHECKPOINT, RunDirectory
+
+
+def finished_run(path: str) -> tuple[dict[str, Any], Dataset, dict[str, Any]]:
+    """The config, dataset and last checkpoint's training state of the run at ``path``."""
+    run = RunDirectory(path)
+    config = run.config()
+    return config, dataset_from_config(config), final_state(run)
+
+
+def mean_spread(scores: list[float]) -> str:
+    """``mean ± sample standard deviation`` (0 for one score), one decimal."""
+    spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+    return f"{statistics.mean(scores):.1f} ± {spread:.1f}"
 
 
 def final_state(run: RunDirectory) -> dict[str, Any]:

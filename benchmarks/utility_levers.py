@@ -16,21 +16,18 @@ Usage: python benchmarks/utility_levers.py RUN_DIR [--guidance 0 1 2 4] [--inter
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
 import torch
-from trained import final_state, trained_method
+from trained import finished_run, mean_spread, trained_method
 
-from dpsynth.api import dataset_from_config
 from dpsynth.data import ImageSet
 from dpsynth.evaluation import EvaluationSettings
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, downstream_accuracy, train_epochs
 from dpsynth.evaluation.evaluate import fidelity_metrics, inception_extractor, real_features
 from dpsynth.models.classifiers import build_classifier
 from dpsynth.privacy import PrivacyLedger
-from dpsynth.runs import RunDirectory
 from dpsynth.utils.images import to_uint8
 
 CPU = torch.device("cpu")
@@ -38,10 +35,7 @@ CPU = torch.device("cpu")
 
 def main() -> None:
     args = _arguments()
-    run = RunDirectory(args.run)
-    config = run.config()
-    dataset = dataset_from_config(config)
-    state = final_state(run)
+    config, dataset, state = finished_run(args.run)
     settings = EvaluationSettings.from_config(config["evaluation"])
     extractor = inception_extractor(settings, CPU)
     _, real = real_features(dataset, settings, extractor)
@@ -77,8 +71,7 @@ def _accuracy(args: argparse.Namespace, synthetic: ImageSet, size: int, epochs: 
                                         dataset.info.num_classes, training, settings.selection_epsilon,
                                         PrivacyLedger(), CPU, seed)["test_accuracy"]
               for seed in range(args.seeds)]
-    spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
-    return f"{statistics.mean(scores):.1f} ± {spread:.1f}"
+    return mean_spread(scores)
 
 
 def _label_referee(train: ImageSet, size: int = 20000) -> torch.nn.Module:

@@ -58,6 +58,18 @@ def test_digits_from_sklearn():
     assert sum(dataset.info.split_sizes.values()) == 1797
 
 
+def test_photo_patches_are_distinct_natural_crops_drawn_the_same_everywhere():
+    dataset = load_dataset("photo-patches", resolution=16)
+    assert_well_formed(dataset, (3, 16, 16), 2)
+    assert sum(dataset.info.split_sizes.values()) == 20000 and dataset.info.class_names == ["china", "flower"]
+    pixels = dataset.train.images.flatten(1)
+    assert len(torch.unique(pixels, dim=0)) > 0.99 * len(pixels)  # crops, not copies of a few
+    spread = pixels.std(dim=1)
+    assert spread.max() > 0.2 and (spread < 0.02).float().mean() < 0.5  # textured and flat ones, not all flat
+    again = load_dataset("photo-patches", resolution=16)
+    assert torch.equal(dataset.train.images, again.train.images)
+
+
 @pytest.mark.parametrize("compress", [True, False])
 def test_mnist_idx_directory(tmp_path, compress):
     images, labels = write_idx_set(tmp_path, compress=compress)

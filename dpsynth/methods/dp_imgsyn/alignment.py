@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from .statistics import BatchStatistics, MomentScaling, batch_statistics
 
@@ -77,3 +78,20 @@ def align_batch(teacher: nn.Module, start: torch.Tensor, targets: torch.Tensor, 
         after = alignment_loss(teacher, images, targets, private, scaling, settings)
     return images.detach(), {**{f"start_{k}": float(v) for k, v in before.items()},
                              **{f"aligned_{k}": float(v) for k, v in after.items()}}
+
+
+def align_images(teacher: nn.Module, starts: torch.Tensor, targets: torch.Tensor, private: BatchStatistics,
+                 scaling: MomentScaling, settings: AlignmentSettings,
+                 device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+    """Alg. 1 batch by batch on ``starts`` (images in [0, 1]) with the teacher frozen: the aligned images in
+    [0, 1] (on the CPU) and each loss term before and after alignment, averaged over the batches."""
+    for param in teacher.parameters():
+        param.requires_grad_(False)
+    aligned, losses = [], []
+    batches = list(zip(starts.split(settings.batch_size), targets.split(settings.batch_size), strict=True))
+    for chunk, chunk_targets in tqdm(batches, desc="alignment", dynamic_ncols=True):
+        images, batch_losses = align_batch(teacher, (chunk * 2 - 1).to(device), chunk_targets.to(device), private,
+                                           scaling, settings)
+        aligned.append((images.cpu() + 1) / 2)
+        losses.append(batch_losses)
+    return torch.cat(aligned), {key: sum(b[key] for b in losses) / len(losses) for key in losses[0]}
