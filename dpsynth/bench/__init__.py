@@ -42,6 +42,7 @@ __all__ = ["Cell", "BenchSpec", "run_bench"]
 
 INTERRUPT_GRACE_S = 5.0
 ABSENT = "<absent>"
+LOCATION_KEYS = ("run.out_dir",)  # where the bench lives, however spelt (relative, absolute, moved): not a setting
 # compared only between methods whose release has soft labels
 SOFT_LABEL_KEYS = ("evaluation.soft_label_epochs", "evaluation.distillation_temperature")
 
@@ -177,8 +178,10 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
 
 def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
     """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing); a key
-    the stored config lacks (a cell made before the key existed) matches its default value."""
-    keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted)) if not key.startswith("hardware."))
+    the stored config lacks (a cell made before the key existed) matches its default value; the hardware record
+    and :data:`LOCATION_KEYS` are not compared."""
+    keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted))
+                  if not key.startswith("hardware.") and key not in LOCATION_KEYS)
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
              if old != new and not (old == ABSENT and new == _get_or(BASE_CONFIG, key))]
