@@ -1,6 +1,7 @@
 """One accountant, built on Google's dp-accounting, that turns privacy events into (epsilon, delta)."""
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -14,6 +15,7 @@ from ..errors import PrivacyError
 from .events import Event, ParallelComposition, SimpleEvent
 
 ACCOUNTANTS = ("pld", "rdp")
+PLD = pld.privacy_loss_distribution.PrivacyLossDistribution
 COARSE_GRID = 10  # PLD calibration searches on a grid this many times coarser (see _calibrate_scenario)
 Scenario = tuple[SimpleEvent, ...]
 
@@ -90,6 +92,38 @@ class _RdpAccountant(rdp.RdpAccountant):
         return super()._maybe_compose(event, count, do_compose)
 
 
+class _PldAccountant(pld.PLDAccountant):
+    """dp-accounting's PLD accountant, with the PLDs of Poisson-subsampled Gaussian steps memoised: a run's plan,
+    progress bar, release check and report compose the same DP-SGD step again and again, and building its PLD
+    is most of an epsilon's cost (seconds). The values are dp-accounting's, unchanged."""
+
+    def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):  # type: ignore[no-untyped-def]
+        if (isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(event.event, dp_event.GaussianDpEvent)
+                and event.sampling_probability > 0 and event.event.noise_multiplier > 0):
+            if do_compose:
+                self._pld = self._pld.compose(_subsampled_gaussian_pld(
+                    event.event.noise_multiplier, event.sampling_probability, count,
+                    self._value_discretization_interval, self.neighboring_relation))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+@functools.lru_cache(maxsize=256)
+def _subsampled_gaussian_pld(noise_multiplier: float, sampling_prob: float, count: int, interval: float,
+                             relation: dpa.NeighboringRelation) -> PLD:
+    """``count`` composed steps of the subsampled Gaussian mechanism, as dp-accounting's PLD accountant builds them
+    (PLDs are immutable: composing returns a new one)."""
+    return _subsampled_gaussian_step(noise_multiplier, sampling_prob, interval, relation).self_compose(count)
+
+
+@functools.lru_cache(maxsize=64)
+def _subsampled_gaussian_step(noise_multiplier: float, sampling_prob: float, interval: float,
+                              relation: dpa.NeighboringRelation) -> PLD:
+    return pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier, value_discretization_interval=interval, sampling_prob=sampling_prob,
+        neighboring_relation=relation)
+
+
 class Accountant:
     """(epsilon, delta) of compositions of events: ``pld`` (tight, default) or ``rdp`` (what papers report)."""
 
@@ -102,7 +136,7 @@ class Accountant:
     def fresh(self) -> dpa.PrivacyAccountant:
         """A new, empty dp-accounting accountant of this kind (add / remove-one adjacency)."""
         if self.kind == "pld":
-            return pld.PLDAccountant(value_discretization_interval=self.pld_discretization)
+            return _PldAccountant(value_discretization_interval=self.pld_discretization)
         return _RdpAccountant()
 
     def _scenario_epsilon(self, scenario: Scenario, delta: float) -> float:
