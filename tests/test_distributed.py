@@ -80,9 +80,19 @@ def test_pe_votes_reduced_over_shards_equal_one_process_votes(tmp_path):
     assert all(result["embedding_error"] == 0 for result in (one, *two))  # the gathered lookahead embeddings
 
 
-METHODS = {"dpdm": ["dpdm", *DPDM], "dp-feta": DP_FETA, "feta-pro": FETA_PRO, "pe": PE,
-           "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
-           "dp-sad": dp_sad(Path("overridden"))}  # a later --set run.out_dir wins
+def _set(*settings: str) -> list[str]:
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+# Each method's tiny run from its own tests, with fewer steps and RDP (a later --set wins): the ledger must be
+# the plan whatever the count and the accountant. DP-SAD's fixed two threads (for its resume test) would
+# oversubscribe two processes.
+METHODS = {"dpdm": ["dpdm", *DPDM, *_set("dpsgd.epochs=0.25", "privacy.accountant=rdp")],
+           "dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
+           "feta-pro": [*FETA_PRO, *_set("dpsgd.epochs=0.15", "warmup.iterations=3", "frequency_warmup.iterations=4")],
+           "pe": PE, "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
+           "dp-sad": [*dp_sad(Path("overridden")),  # run.out_dir is set again below
+                      *_set("teacher.epochs=0.25", "student.epochs=0.25", "run.threads=auto")]}
 
 
 def _processes(args: list[str], out: Path) -> list[str]:
@@ -108,8 +118,9 @@ def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path
 
 @pytest.mark.slow
 def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_path):
-    clean = finished_run(*_processes(["dpdm", *DPDM], tmp_path / "clean"))
-    crash = subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *_processes(["dpdm", *DPDM], tmp_path / "crash")],
+    dpdm = ["dpdm", *DPDM, *_set("dpsgd.epochs=0.5", "privacy.accountant=rdp")]  # 11 steps, checkpoints at 5, 10
+    clean = finished_run(*_processes(dpdm, tmp_path / "clean"))
+    crash = subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *_processes(dpdm, tmp_path / "crash")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     crash_dir = started(crash)

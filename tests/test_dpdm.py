@@ -27,6 +27,7 @@ TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
         "--set", "dpsgd.epochs=1", "--set", "dpsgd.checkpoint_every=5", "--set", "dpsgd.noise_multiplicity=2",
         "--set", "sampling.num_samples=30", "--set", "diffusion.sample_steps=4", "--set", "evaluation.enabled=false",
         "--set", "run.seed=0"]  # a known seed (never for a real release): clean and resumed runs must agree
+RDP = ["--set", "privacy.accountant=rdp"]  # where the accountant is not under test: RDP calibrates 4x faster
 
 
 def dpsynth(*args: str, out_dir: Path) -> subprocess.Popen:
@@ -76,11 +77,11 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
-    clean = dpsynth("dpdm", *TINY, out_dir=tmp_path / "clean")
+    clean = dpsynth("dpdm", *TINY, *RDP, out_dir=tmp_path / "clean")
     clean_dir = run_dir_of(clean)
     assert clean.wait(timeout=300) == 0, clean.stderr.read()
 
-    crash = dpsynth("dpdm", *TINY, out_dir=tmp_path / "crash")
+    crash = dpsynth("dpdm", *TINY, *RDP, out_dir=tmp_path / "crash")
     crash_dir = run_dir_of(crash)
     kill_after_recorded_steps(crash, crash_dir, 7, timeout=300)  # checkpoint at 5
     assert not (crash_dir / "release" / "synthetic.npz").exists()
