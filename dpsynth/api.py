@@ -59,14 +59,19 @@ def validate_config(config: Config) -> None:
     check_threads(config["run"].get("threads", AUTO))
 
 
+# Keys whose default (None: off) keeps the behaviour of runs configured before they existed.
+KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from")
+
+
 def check_stored_config(config: Config, source: str) -> None:
     """ConfigError naming ``source`` unless ``config`` (a run's config.yaml) names a known method and preset and
-    holds every key of their defaults with usable values (``evaluation.*`` excepted: runs made before an
-    evaluation key existed are evaluated with its default)."""
+    holds every key of their defaults with usable values (``evaluation.*`` and :data:`KEYS_ADDED_LATER` excepted:
+    runs made before such a key existed are read with its default)."""
     try:
         defaults = resolve_config(str(config.get("method")), preset=config.get("preset"))
         stored = set(flat_keys(config))
-        missing = [key for key in flat_keys(defaults) if key not in stored and not key.startswith("evaluation.")]
+        missing = [key for key in flat_keys(defaults) if key not in stored and not key.startswith("evaluation.")
+                   and key not in KEYS_ADDED_LATER]
         if missing:
             raise ConfigError(f"missing {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}: "
                               "not a config dpsynth wrote for this method")
@@ -81,7 +86,7 @@ def dataset_from_config(config: Config) -> Dataset:
     return load_dataset(
         settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
         split_seed=settings["split_seed"], resolution=settings["resolution"], channels=settings["channels"],
-        num_classes=settings.get("num_classes"),
+        num_classes=settings.get("num_classes"), num_images=settings.get("num_images"),
     )
 
 

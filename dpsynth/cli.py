@@ -55,12 +55,12 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
         f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}), "
         f"preset {config['preset']}, accountant {plan['accountant']}",
         f"target epsilon = {plan['target_epsilon']:g} at delta = {plan['delta']:.3g}",
-        f"{'stage':<16}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"
+        f"{'stage':<20}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"
         f"{'eps share':>11}{'eps alone':>11}",
     ]
     for stage in plan["stages"]:
         for index, part in enumerate(stage["mechanisms"]):
-            row = (f"{stage['name'] if index == 0 else '':<16}{part['mechanism']:<22}"
+            row = (f"{stage['name'] if index == 0 else '':<20}{part['mechanism']:<22}"
                    f"{_number(part['noise_multiplier'], 12)}{part['sample_rate']:>13.5g}{part['steps']:>8}")
             if index == 0:
                 row += _number(stage["epsilon_share"], 11) + _number(stage["epsilon_alone"], 11)
@@ -74,11 +74,34 @@ def _pretrain(args: argparse.Namespace) -> None:
     from .diffusion.pretrain import PretrainSettings, pretrain
     from .pipeline import pick_device
 
-    data = _load_dataset(args.dataset, args.data_dir, args.set).train
-    settings = PretrainSettings(args.iterations, args.batch_size, args.lr)
-    out = pretrain(data, args.out, settings, pick_device(args.device or "auto"))
-    print(f"saved an unconditional diffusion model trained on {len(data)} public {args.dataset} images: {out}\n"
-          f"use it with: dpsynth run pe --api diffusion --api-model {out} --dataset PRIVATE_DATASET")
+    dataset_keys = [item for item in args.set if item.startswith("dataset.")]
+    method_keys = [item for item in args.set if not item.startswith("dataset.")]
+    training = {"iterations": args.iterations, "batch_size": args.batch_size, "lr": args.lr}
+    if args.for_method:
+        config = resolve_config(args.for_method, preset=args.preset, overrides=method_keys)
+        if "init_from" not in config.get("model", {}):
+            raise DpsynthError(f"--for {args.for_method}: it does not start from a diffusion model; methods that do: "
+                               f"{', '.join(_starts_from_public())}")
+        settings = PretrainSettings.for_method(config, **training)
+    elif method_keys or args.preset:
+        raise DpsynthError("--preset and --set of model / diffusion keys need --for METHOD (the method to fit)")
+    else:
+        settings = PretrainSettings(**training)
+    dataset = _load_dataset(args.dataset, args.data_dir, dataset_keys)
+    out = pretrain(dataset.train, args.out, settings, pick_device(args.device or "auto"), dataset.info.class_names,
+                   args.dataset)
+    print(f"saved a diffusion model trained on {len(dataset.train)} public {args.dataset} images: {out}")
+    if args.for_method:
+        preset = f" --preset {args.preset}" if args.preset else ""
+        print(f"start a run from it with: dpsynth run {args.for_method}{preset} --init-from {out} "
+              "--dataset PRIVATE_DATASET")
+    else:
+        print(f"use it with: dpsynth run pe --api diffusion --api-model {out} --dataset PRIVATE_DATASET")
+
+
+def _starts_from_public() -> list[str]:
+    """The methods whose diffusion model can start from a public one (``model.init_from``)."""
+    return sorted(name for name, method in METHODS.items() if "init_from" in method.sections.get("model", {}))
 
 
 def _privacy(args: argparse.Namespace) -> None:
@@ -130,7 +153,8 @@ def _run(args: argparse.Namespace) -> None:
         given = [option for option, value in (("METHOD", args.method), ("--dataset", args.dataset),
                                               ("--data-dir", args.data_dir), ("--epsilon", args.epsilon),
                                               ("--preset", args.preset), ("--api", args.api),
-                                              ("--api-model", args.api_model), ("--public", args.public)) if value]
+                                              ("--api-model", args.api_model), ("--public", args.public),
+                                              ("--init-from", args.init_from)) if value]
         if given:
             raise DpsynthError(f"--resume takes its method and config from the run directory; leave out "
                                f"{', '.join(given)} (--device and --set of where and in what chunks it computes "
@@ -144,7 +168,7 @@ def _run(args: argparse.Namespace) -> None:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
         shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model),
-                     ("alignment.public", args.public),
+                     ("alignment.public", args.public), ("model.init_from", args.init_from),
                      ("run.allow_non_private", "true" if args.allow_non_private else None)]
         overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
@@ -277,10 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(info)
     info.set_defaults(handler=_data_info)
 
-    pretrain = commands.add_parser("pretrain", help="train a diffusion model on PUBLIC data for PE's diffusion API")
+    pretrain = commands.add_parser("pretrain", help="train a diffusion model on PUBLIC data, for PE's diffusion API "
+                                                    "or (--for METHOD) as a DP-SGD method's starting point")
     pretrain.add_argument("--dataset", required=True, help="the public dataset to train on")
     pretrain.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
     pretrain.add_argument("--out", required=True, help="new directory for the model (diffusers format)")
+    pretrain.add_argument("--for", dest="for_method", metavar="METHOD",
+                          help="a class-conditional model shaped as METHOD's (its model and diffusion sections), "
+                               "to start its runs from (--init-from); default: an unconditional model for PE")
+    pretrain.add_argument("--preset", help="with --for: the preset whose model to shape (default the method's)")
     pretrain.add_argument("--iterations", type=int, default=PretrainDefaults.iterations, help="Adam steps")
     pretrain.add_argument("--batch-size", type=int, default=PretrainDefaults.batch_size)
     pretrain.add_argument("--lr", type=float, default=PretrainDefaults.lr)
@@ -302,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
     run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
     run.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
+    run.add_argument("--init-from", metavar="DIR", help="start the diffusion model from one pre-trained on public data "
+                                                       "(dpsynth pretrain --for METHOD; model.init_from)")
     run.add_argument("--nproc", type=int, default=1, metavar="N",
                      help="run in N processes on this machine (one per GPU; gloo on the CPU) through torchrun")
     run.add_argument("--allow-non-private", action="store_true",

@@ -22,6 +22,7 @@ BASE_CONFIG: Config = {
         "resolution": 32,
         "channels": 3,
         "num_classes": None,
+        "num_images": None,
     },
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
     "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},

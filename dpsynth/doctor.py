@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from .api import dataset_from_config, plan_budget_for, resolve_config
-from .data import Dataset
+from .data import Dataset, load_dataset
+from .data.glyphs import GLYPH_CLASSES
+from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
 from .pipeline import execute, pick_device, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
@@ -47,10 +49,17 @@ TINY: dict[str, list[str]] = {
     "dp-sad": [*_UNET, "teacher.batch_size=64", "teacher.epochs=0.1", "teacher.checkpoint_every=2",
                "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
                "discriminator.pool_steps=2", "discriminator.batch_size=8"],
+    "pdp-diffusion": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=2"],
+    "privimage": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
+                  "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
+                  "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2"],
+    "dp-merf": ["frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
+                "generator.latent=8", "generator.width=16"],
     "dp-imgsyn": ["teacher.blocks=[1, 1]", "teacher.widths=[8, 16]", "teacher.groups=4", "teacher.batch_size=128",
                   "teacher.epochs=0.2", "teacher.checkpoint_every=1", "alignment.init=noise", "alignment.iterations=2",
                   "alignment.batch_size=10", "alignment.temperature=4"],
 }
+PUBLIC, STARTS_FROM_PUBLIC = "glyphs", ("pdp-diffusion",)
 COMMON = ["sampling.num_samples=20", "evaluation.enabled=false", "privacy.accountant=rdp"]
 
 
@@ -77,7 +86,7 @@ class Checkup:
     seconds: float
 
     def line(self) -> str:
-        return f"{self.method:<10} {'ok  ' if self.passed else 'FAIL'} {self.seconds:6.1f} s  {self.detail}"
+        return f"{self.method:<13} {'ok  ' if self.passed else 'FAIL'} {self.seconds:6.1f} s  {self.detail}"
 
 
 def check_method(method: str, device: str, root: Path) -> Checkup:
@@ -93,8 +102,9 @@ def check_method(method: str, device: str, root: Path) -> Checkup:
 
 
 def _run_and_check(method: str, device: str, root: Path) -> str:
+    public = _public_model(method, device, root)
     config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
-                            overrides=[*TINY[method], *COMMON, f"run.device={device}", f"run.out_dir={root}"])
+                            overrides=[*TINY[method], *COMMON, *public, f"run.device={device}", f"run.out_dir={root}"])
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
     run = RunDirectory.create(config)
@@ -109,6 +119,17 @@ def _run_and_check(method: str, device: str, root: Path) -> str:
         warnings.simplefilter("ignore")
         resume(str(run.path))
     return _checked(run, dataset, budget.stages, budget.accountant, budget.delta, budget.target)
+
+
+def _public_model(method: str, device: str, root: Path) -> list[str]:
+    """For a method that must start from a public model: a tiny one pre-trained for it on glyphs, as an override."""
+    if method not in STARTS_FROM_PUBLIC:
+        return []
+    config = resolve_config(method, preset="cpu", overrides=TINY[method])
+    glyphs = load_dataset(PUBLIC, resolution=8, num_images=124).train
+    out = pretrain(glyphs, root / f"{method}-public", PretrainSettings.for_method(config, iterations=2, batch_size=8),
+                   pick_device(device), list(GLYPH_CLASSES), PUBLIC)
+    return [f"model.init_from={out}"]
 
 
 def _checked(run: RunDirectory, dataset: Dataset, plan: dict, accountant: Accountant, delta: float,

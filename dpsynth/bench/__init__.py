@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..api import dataset_from_config, plan_budget_for, resolve_config
+from ..api import KEYS_ADDED_LATER, dataset_from_config, plan_budget_for, resolve_config
 from ..config import BASE_CONFIG, Config, flat_keys, get_value
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
@@ -184,8 +184,14 @@ def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
                   if not key.startswith("hardware.") and key not in LOCATION_KEYS)
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
-             if old != new and not (old == ABSENT and new == _get_or(BASE_CONFIG, key))]
+             if old != new and not (old == ABSENT and new == _default(key))]
     return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])
+
+
+def _default(key: str) -> Any:
+    """What a config made before ``key`` existed had in its place: the shared default, or None (off) for a
+    method key added later."""
+    return None if key in KEYS_ADDED_LATER else _get_or(BASE_CONFIG, key)
 
 
 def _get_or(config: Config, key: str) -> Any:

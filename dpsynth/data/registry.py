@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from .base import Dataset, DatasetInfo, RawDataset, to_image_set
+from ..utils.images import convert_images
+from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
 from .sources import (
     FASHION_MNIST_DIR,
     LoadOptions,
@@ -16,6 +17,7 @@ from .sources import (
     load_digits,
     load_fashion_mnist,
     load_folder,
+    load_glyphs,
     load_mnist,
     load_mnist_5k,
     load_npz,
@@ -50,6 +52,9 @@ DATASETS: dict[str, DatasetSource] = {
                       "sklearn.datasets", load_digits, 0.1, 0.1),
         DatasetSource("photo-patches", "20,000 random crops of scikit-learn's two sample photographs: natural-image "
                       "public data (no download)", "sklearn.datasets", load_photo_patches, 0.1, 0.1),
+        DatasetSource("glyphs", "the 62 characters 0-9, A-Z, a-z rendered in every installed font: labelled public "
+                      "data of any size (dataset.num_images, default 12,400; no download)",
+                      "the fonts under /usr/share/fonts", load_glyphs, 0.1, 0.1),
         DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
                       "--data-dir with the python batches", load_cifar10, 5000),
         DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",
@@ -113,11 +118,13 @@ def load_dataset(
     resolution: int = 32,
     channels: int = 3,
     num_classes: int | None = None,
+    num_images: int | None = None,
 ) -> Dataset:
     """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's;
-    ``num_classes`` for an npz file without class names)."""
+    ``num_classes`` for an npz file without class names; ``num_images`` for a generated set)."""
     source = get_source(name)
-    options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes)
+    options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
+                          num_images)
     raw = source.load(options)
     return split_dataset(
         name, raw,
@@ -125,3 +132,13 @@ def load_dataset(
         source.test_size if test_size is None else test_size,
         split_seed,
     )
+
+
+def load_public(name: str, data_dir: str | Path | None, like: DatasetInfo, num_images: int | None = None
+                ) -> tuple[ImageSet, list[str]]:
+    """Every image of the public dataset ``name`` (all its splits) at the size and channels of ``like`` (the
+    private data's), with its labels, and its class names."""
+    public = load_dataset(name, data_dir, resolution=like.height, channels=like.channels, num_images=num_images)
+    parts = (public.train, public.val, public.test)
+    images = convert_images(torch.cat([part.images for part in parts]), like.channels, (like.height, like.width))
+    return ImageSet(images, torch.cat([part.labels for part in parts])), public.info.class_names

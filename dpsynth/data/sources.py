@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import RawDataset, check_images_labels
+from .glyphs import DEFAULT_FONT_DIRS, GLYPH_CLASSES, GLYPHS_PER_CLASS, find_fonts, render_glyphs
 from .idx import find_idx_file, read_bytes, read_idx
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -33,6 +34,7 @@ class LoadOptions:
     resolution: int = 32
     channels: int = 3
     num_classes: int | None = None
+    num_images: int | None = None
 
 
 def _require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
@@ -146,6 +148,20 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
     names = [Path(name).stem for name in bunch.filenames]
     return RawDataset(images.transpose(0, 3, 1, 2), sources.astype(np.int64), names,
                       "sklearn.datasets.load_sample_images (random crops)")
+
+
+def load_glyphs(options: LoadOptions) -> RawDataset:
+    """The 62 characters 0-9, A-Z, a-z rendered in every installed font (:mod:`.glyphs`), grey, at
+    ``options.resolution``: ``options.num_images`` of them (default 200 per class), class-balanced, from a fixed
+    seed, so the set is the same wherever the same fonts are installed."""
+    total = GLYPHS_PER_CLASS * len(GLYPH_CLASSES) if options.num_images is None else options.num_images
+    if isinstance(total, bool) or not isinstance(total, int) or total < len(GLYPH_CLASSES):
+        raise DataError(f"dataset.num_images: glyphs needs a whole number >= {len(GLYPH_CLASSES)} (one per class), "
+                        f"got {options.num_images!r}")
+    fonts = find_fonts(setting="dataset 'glyphs'")
+    images, labels = render_glyphs(-(-total // len(GLYPH_CLASSES)), options.resolution, fonts)
+    return RawDataset(images[:total], labels[:total], list(GLYPH_CLASSES),
+                      f"rendered from {len(fonts)} fonts under {', '.join(DEFAULT_FONT_DIRS)}")
 
 
 class _ArrayUnpickler(pickle.Unpickler):

@@ -30,6 +30,14 @@ SAMPLERS: dict[str, type[SchedulerMixin]] = {"dpm-solver++": DPMSolverMultistepS
                                              "unipc": UniPCMultistepScheduler}
 
 
+def drop_labels(labels: torch.Tensor, null: int, dropout: float, generator: torch.Generator) -> torch.Tensor:
+    """A copy of ``labels`` with a random ``dropout`` share set to the null class ``null`` (classifier-free
+    guidance learns the unconditional model from those)."""
+    labels = labels.clone()
+    labels[torch.rand(len(labels), generator=generator) < dropout] = null
+    return labels
+
+
 class Diffusion:
     """The forward process and the samplers of a DDPM with ``timesteps`` steps."""
 
@@ -38,7 +46,7 @@ class Diffusion:
             raise ConfigError(f"diffusion.prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
         self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
                                              prediction_type=PREDICTIONS[prediction])
-        self.timesteps, self.prediction = timesteps, prediction
+        self.timesteps, self.beta_schedule, self.prediction = timesteps, beta_schedule, prediction
         self.alphas_cumprod = self.train_scheduler.alphas_cumprod.float()
 
     def training_inputs(self, n: int, k: int, shape: tuple[int, ...], generator: torch.Generator

@@ -1,16 +1,21 @@
-"""Non-private pre-training of an unconditional diffusion model on PUBLIC data, saved in diffusers format.
+"""Non-private pre-training of a diffusion model on PUBLIC data, saved in diffusers format, and loading it as
+the starting point of a DP-SGD method (``model.init_from``).
 
 The directory it writes (``model_index.json``, ``unet/``, ``scheduler/``) is what ``DDPMPipeline.save_pretrained``
-writes, so PE's diffusion API loads it exactly as it loads a model downloaded elsewhere. The model is saved
-every ``checkpoint_every`` iterations (atomically: written beside, then renamed), so an interrupted run
-leaves the last saved model.
+writes, so PE's diffusion API loads an unconditional one exactly as it loads a model downloaded elsewhere;
+beside it, ``pretraining.json`` (the settings, the public dataset and its class names) and the fingerprints of
+the training images, so a run checks they are not its private data. The model is saved every
+``checkpoint_every`` iterations (atomically: written beside, then renamed), so an interrupted run leaves the
+last saved model.
 """
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,20 +27,29 @@ from ..data.fingerprints import FINGERPRINTS, fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
 from ..utils.device import to_device
-from .ddpm import Diffusion
+from .ddpm import Diffusion, drop_labels
 
 TRAINING_STATE = "pretraining.json"
 
 
 @dataclass(frozen=True)
 class PretrainSettings:
-    """Iterations of Adam at a batch size and learning rate; the UNet's widths; how often to save."""
+    """Iterations of Adam at a batch size and learning rate, how often to save; the UNet (``model.*`` keys of a
+    method) and the diffusion it learns; class-conditional (label dropout for guidance) or not."""
 
     iterations: int = 4000
     batch_size: int = 64
     lr: float = 1e-3
     block_channels: tuple[int, ...] = (32, 64, 64)
     checkpoint_every: int = 500
+    layers_per_block: int = 1
+    attention: bool = True
+    norm_groups: int = 8
+    conditional: bool = False
+    label_dropout: float = 0.1
+    timesteps: int = 1000
+    beta_schedule: str = "linear"
+    prediction: str = "epsilon"
 
     def __post_init__(self) -> None:
         for name in ("iterations", "batch_size", "checkpoint_every"):
@@ -44,37 +58,57 @@ class PretrainSettings:
         if not self.lr > 0:
             raise ConfigError(f"pretrain lr must be positive, got {self.lr}")
 
+    @classmethod
+    def for_method(cls, config: dict[str, Any], **training: Any) -> PretrainSettings:
+        """Settings whose UNet and diffusion are those of a method's resolved ``config`` (its ``model`` and
+        ``diffusion`` sections), class-conditional, so a run of that method can start from the model."""
+        model, diffusion = config["model"], config["diffusion"]
+        return cls(**training, block_channels=tuple(model["block_channels"]),
+                   layers_per_block=model["layers_per_block"], attention=model["attention"],
+                   norm_groups=model["norm_groups"], conditional=True, label_dropout=diffusion["label_dropout"],
+                   timesteps=diffusion["timesteps"], beta_schedule=diffusion["beta_schedule"],
+                   prediction=diffusion["prediction"])
 
-def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device: torch.device, seed: int = 0
-             ) -> Path:
-    """Train an unconditional epsilon-prediction DDPM on ``data`` (public images) and save it in ``out``."""
+
+def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device: torch.device,
+             class_names: list[str] | None = None, dataset: str = "", seed: int = 0) -> Path:
+    """Train a DDPM on ``data`` (public images; class-conditional on its labels, ``class_names``, when
+    ``settings.conditional``) and save it in ``out``."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: the directory exists and is not empty; choose a new one")
     _, channels, height, width = data.images.shape
     if height != width:
         raise ConfigError(f"pretrain needs square images, got {height} x {width}")
+    num_classes = (len(class_names) if class_names else int(data.labels.max()) + 1) if settings.conditional else None
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    diffusion = Diffusion(prediction="epsilon")
-    model = build_unet(channels, height, None, settings.block_channels).to(device)
+    diffusion = Diffusion(settings.timesteps, settings.beta_schedule, settings.prediction)
+    model = build_unet(channels, height, num_classes, settings.block_channels, settings.layers_per_block,
+                       settings.attention, settings.norm_groups).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    record = {"dataset": dataset, "images": len(data), "class_names": class_names if settings.conditional else None,
+              "settings": asdict(settings)}
     prints = fingerprints(data.images)
+    started = time.perf_counter()
     model.train()
     for step in tqdm(range(1, settings.iterations + 1), desc="pretrain", dynamic_ncols=True):
         index = torch.randint(len(data), (settings.batch_size,), generator=generator)
         times, noise = diffusion.training_inputs(settings.batch_size, 1, (channels, height, width), generator)
+        labels = None if num_classes is None else to_device(
+            drop_labels(data.labels[index], num_classes, settings.label_dropout, generator), device)
         images, times, noise = (to_device(t, device) for t in (data.images[index], times, noise))
-        loss = diffusion.batch_loss(model, images, None, times, noise)
+        loss = diffusion.batch_loss(model, images, labels, times, noise)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if step % settings.checkpoint_every == 0 or step == settings.iterations:
-            save_diffusers(model, diffusion, out, {"step": step, "loss": loss.item()}, prints)
+            save_diffusers(model, diffusion, out, {**record, "step": step, "loss": loss.item(),
+                                                   "seconds": round(time.perf_counter() - started, 1)}, prints)
     return out
 
 
-def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: dict[str, float],
+def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: dict[str, Any],
                    training_fingerprints: np.ndarray) -> None:
     """Write ``model`` and the DDPM scheduler as a DDPMPipeline directory, with the fingerprints of its
     training images (so a run can check they are not its private data), replacing ``out`` atomically."""
@@ -85,3 +119,75 @@ def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: d
     np.save(partial / FINGERPRINTS, training_fingerprints)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
+
+
+def read_pretraining(directory: str | Path, setting: str) -> dict[str, Any]:
+    """The ``pretraining.json`` of a model directory ``dpsynth pretrain`` wrote; ConfigError naming ``setting``
+    when ``directory`` is not one."""
+    path = Path(directory) / TRAINING_STATE
+    if not (Path(directory) / "unet" / "config.json").is_file() or not path.is_file():
+        raise ConfigError(f"{setting}: {directory} is not a model written by dpsynth pretrain (expected unet/ and "
+                          f"{TRAINING_STATE}); write one: dpsynth pretrain --for METHOD --dataset PUBLIC --out DIR")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{setting}: {path} is unreadable ({exc})") from None
+
+
+def init_from_public(model: UNet2DModel, directory: str | Path, class_names: list[str], diffusion: Diffusion,
+                     setting: str = "model.init_from") -> dict[str, Any]:
+    """Load the weights of the public model in ``directory`` into ``model`` (built for the private data).
+
+    The UNet and the diffusion (timesteps, schedule, prediction) must be the same; ConfigError naming what
+    differs otherwise. The class embedding is copied when the public classes are the private ones (same names,
+    same order); otherwise every private row, the null class's included, starts at the public model's null
+    (unconditional) row, and at zero when the public model is unconditional: either way the fine-tuned model
+    starts as the public model's unconditional one. Returns what was done, for the run's log."""
+    record = read_pretraining(directory, setting)
+    public = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False)
+    _check_same_diffusion(record, diffusion, directory, setting)
+    _check_same_unet(public, model, directory, setting)
+    weights = {k: v for k, v in public.state_dict().items() if not k.startswith("class_embedding.")}
+    model.load_state_dict(weights, strict=False)
+    embedding = model.class_embedding.weight
+    with torch.no_grad():
+        if public.class_embedding is None:
+            embedding.zero_()
+            classes = "zero (the public model is unconditional)"
+        elif record.get("class_names") == class_names:
+            embedding.copy_(public.class_embedding.weight)
+            classes = "copied (same classes)"
+        else:
+            embedding.copy_(public.class_embedding.weight[-1].expand_as(embedding))
+            classes = f"the public null class ({len(public.class_embedding.weight) - 1} public classes)"
+    return {"directory": str(directory), "dataset": record.get("dataset"), "images": record.get("images"),
+            "step": record.get("step"), "seconds": record.get("seconds"), "class_embedding": classes}
+
+
+def _check_same_diffusion(record: dict[str, Any], diffusion: Diffusion, directory: str | Path, setting: str) -> None:
+    trained = record.get("settings", {})
+    wanted = {"timesteps": diffusion.timesteps, "beta_schedule": diffusion.beta_schedule,
+              "prediction": diffusion.prediction}
+    differ = [f"diffusion.{key} is {value!r} here, {trained.get(key)!r} there" for key, value in wanted.items()
+              if trained.get(key) != value]
+    if differ:
+        raise ConfigError(f"{setting}: the public model {directory} learnt another diffusion ({'; '.join(differ)}); "
+                          "pretrain it with --for METHOD (and the run's --preset) so the two match")
+
+
+def _check_same_unet(public: UNet2DModel, private: UNet2DModel, directory: str | Path, setting: str) -> None:
+    keys = {"in_channels": "the image channels", "sample_size": "the resolution",
+            "block_out_channels": "model.block_channels", "layers_per_block": "model.layers_per_block",
+            "down_block_types": "model.attention", "norm_num_groups": "model.norm_groups"}
+    shown = {key: ([_listed(model.config[key]) for model in (private, public)]) for key in keys}
+    differ = [f"{what}: {shown[key][0]} here, {shown[key][1]} there" for key, what in keys.items()
+              if shown[key][0] != shown[key][1]]
+    if differ:
+        raise ConfigError(f"{setting}: the public model {directory} has another shape ({'; '.join(differ)}); "
+                          "pretrain it with --for METHOD (and the run's --preset), on images of the private "
+                          "data's size and channels (--set dataset.resolution=N dataset.channels=C)")
+
+
+def _listed(value: Any) -> Any:
+    """A config value with tuples as lists (diffusers' configs hold either)."""
+    return list(value) if isinstance(value, (list, tuple)) else value

@@ -23,8 +23,10 @@ from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
 from ..privacy.randomness import SecretStream
 from .dp_feta.central import CentralQuery, central_images
 from .dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
+from .dp_merf import released_class_means
 from .feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from .pe.histogram import dp_histograms, nearest_neighbour_votes
+from .privimage import semantic_histogram
 
 SIGMA, STAGE, RECORDS = 1.0, "audit", 100
 SIDE = 8  # images are 1 x 8 x 8
@@ -95,20 +97,46 @@ def mode_images() -> Trial:
     return trial
 
 
-def frequency_features() -> Trial:
-    """FETA-Pro's noisy mean random Fourier features (one class): D is grey images, the canary a
-    checkerboard whose features are nearly orthogonal to theirs; the score is the noisy sum along them."""
+def _feature_trial(release: Callable[[ImageSet, RandomFourierFeatures, PrivacyLedger, SecretStream], torch.Tensor]
+                   ) -> Trial:
+    """Noisy mean random Fourier features of one class, ``release(data, rff, ledger, noise)``: D is grey images,
+    the canary a checkerboard; the score is the noisy mean along the canary's features orthogonal to grey's."""
     rff = RandomFourierFeatures(SIDE * SIDE, 512, 1.0, seed=0)
     canary = _checkerboard()
     grey, direction = rff(_images(0.5, 1))[0], rff(canary)[0]
     direction = direction - (direction @ grey) * grey
     direction = direction / direction.norm()
-    query = FrequencyQuery(SIGMA, COUNT_NOISE)
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         images = torch.cat([_images(0.5, RECORDS), canary]) if with_canary else _images(0.5, RECORDS)
-        means = noisy_class_means(_labelled(images), 1, rff, query, ledger, STAGE, noise)
-        return float(means[0] @ direction) * RECORDS
+        return float(release(_labelled(images), rff, ledger, noise)[0] @ direction) * RECORDS
+
+    return trial
+
+
+def frequency_features() -> Trial:
+    """FETA-Pro's noisy mean random Fourier features (the checkerboard's features are nearly orthogonal to grey's)."""
+    query = FrequencyQuery(SIGMA, COUNT_NOISE)
+    return _feature_trial(lambda data, rff, ledger, noise: noisy_class_means(data, 1, rff, query, ledger, STAGE,
+                                                                             noise))
+
+
+def merf_features() -> Trial:
+    """DP-MERF's noisy class means: as ``frequency-features``, but the size shares the mechanism (the score sees
+    the features' part of the sqrt(2) sensitivity only, so the bound is looser)."""
+    return _feature_trial(lambda data, rff, ledger, noise: released_class_means(data, 1, rff, SIGMA, ledger, STAGE,
+                                                                                noise))
+
+
+def semantic_histogram_counts() -> Trial:
+    """PrivImage's histogram of top-3 public classes: D's records name classes 3-5, the canary 0-2; the score
+    is the noisy count of classes 0-2 together."""
+    top_k, canary = 3, torch.tensor([[0, 1, 2]])
+    records = torch.tensor([[3, 4, 5]]).repeat(RECORDS, 1)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        top = torch.cat([records, canary]) if with_canary else records
+        return float(semantic_histogram(top, 2 * top_k, SIGMA, ledger, STAGE, noise)[:top_k].sum())
 
     return trial
 
@@ -188,6 +216,8 @@ AUDITS: dict[str, Callable[[], Trial]] = {
     "mean-images": mean_images,
     "mode-images": mode_images,
     "frequency-features": frequency_features,
+    "merf-features": merf_features,
+    "semantic-histogram": semantic_histogram_counts,
     "pe-histogram": pe_histogram,
     "groupnorm-statistics": groupnorm_statistics,
     "report-noisy-max": report_noisy_max_selection,

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
+from ..data.fingerprints import FINGERPRINTS, load_fingerprints
 from ..diffusion import Diffusion
-from ..diffusion.ddpm import FULL_TRAJECTORY, check_interval
+from ..diffusion.ddpm import FULL_TRAJECTORY, check_interval, drop_labels
 from ..diffusion.inference import sampling_inputs, sampling_model
+from ..diffusion.pretrain import init_from_public, read_pretraining
+from ..errors import DataError
 from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
@@ -26,7 +30,9 @@ class DPDM(Method):
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     sections = {
-        "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8},
+        # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from.
+        "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
+                  "init_from": None},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
                       "label_dropout": 0.1,
                       "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
@@ -66,15 +72,32 @@ class DPDM(Method):
         self.model: torch.nn.Module | None = None
         self.ema: EMA | None = None
         self.info: DatasetInfo | None = None
+        self.public_start: dict[str, Any] = {}  # what init_from_public did, for the log
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
         return [PlannedStage("dp-sgd", calibrated=schedule.event)]
 
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        """The fingerprints of the public model's training images (``model.init_from``), which must come with it."""
+        directory = self.config["model"].get("init_from")
+        if not directory:
+            return {}
+        read_pretraining(directory, "model.init_from")
+        prints = load_fingerprints(directory)
+        if prints is None:
+            raise DataError(f"model.init_from: {directory} holds no {FINGERPRINTS}, so its training images cannot be "
+                            "checked to hold none of the private ones; dpsynth pretrain writes one")
+        return {f"the training data of model.init_from {directory}": prints}
+
     def _build(self, info: DatasetInfo, device: torch.device) -> torch.nn.Module:
+        """The UNet, with the public model's weights when ``model.init_from`` names one (logged at fit)."""
         settings = self.config["model"]
-        return build_unet(info.channels, info.height, info.num_classes, settings["block_channels"],
-                          settings["layers_per_block"], settings["attention"], settings["norm_groups"]).to(device)
+        model = build_unet(info.channels, info.height, info.num_classes, settings["block_channels"],
+                           settings["layers_per_block"], settings["attention"], settings["norm_groups"])
+        if settings.get("init_from"):
+            self.public_start = init_from_public(model, settings["init_from"], info.class_names, self.diffusion)
+        return model.to(device)
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """What runs before DP-SGD (nothing for DPDM; DP-FETA's central images and warm-up)."""
@@ -83,12 +106,17 @@ class DPDM(Method):
         """Pre-training (a hook), then DP-SGD; checkpoints carry ``phase`` so a resume skips finished phases."""
         info = context.dataset.info
         self.info, model = info, self._build(info, context.device)
+        self._log_public_start(context)
         state = context.state if context.state is not None and context.state.get("phase") == "dp-sgd" else None
         if state is None:  # the warm-up runs once, on rank 0; DP-SGD starts from its model on every rank
             context.on_main(lambda: self.pretrain(context, model))
             context.world.broadcast_module(model)
         self.model, self.ema = model, self._train_private(context, model, "dp-sgd", "dpsgd",
                                                           self._batch_maker(context), state)
+
+    def _log_public_start(self, context: RunContext) -> None:
+        if self.public_start:
+            context.log("public model", **self.public_start)
 
     def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, section: str,
                        make_batch: MakeBatch, state: dict[str, Any] | None, loss: ExampleLoss | None = None,
@@ -125,8 +153,7 @@ class DPDM(Method):
         null, dropout = context.dataset.info.num_classes, self.config["diffusion"]["label_dropout"]
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            labels = train.labels[indices].clone()
-            labels[torch.rand(len(indices), generator=generator) < dropout] = null
+            labels = drop_labels(train.labels[indices], null, dropout, generator)
             times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
             return tuple(to_device(t, device) for t in (train.images[indices], labels, times, noise))
 

@@ -25,7 +25,7 @@ from .central import CentralQuery, central_images
 
 CENTRAL_IMAGES = "central_images.png"
 # Checkpoint keys of artefacts computed from private data (released: restored on resume, never recomputed).
-RELEASED_PREFIXES = ("central_", "frequency_", "auxiliary_")
+RELEASED_PREFIXES = ("central_", "frequency_", "auxiliary_", "selection_")  # the last: PrivImage's
 LossFn = Callable[[torch.nn.Module, int], torch.Tensor]
 # kornia's RandAugment operations without "invert": 14, as the paper's bag (inverted garments or digits
 # are not images of the data).

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ...config import choice_setting, positive_setting
-from ...data import DatasetInfo, load_dataset
+from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
@@ -28,7 +28,7 @@ from ...models import group_norm_resnet
 from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
 from ...privacy.dpsgd import DpsgdSettings
 from ...utils.device import memory_limited_by, to_device
-from ...utils.images import class_grid, convert_images, save_png, to_uint8
+from ...utils.images import class_grid, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
 from ..training import PrivateTraining, dpsgd_schedule
 from .alignment import AlignmentSettings, align_images, uniform_targets
@@ -158,10 +158,7 @@ class DPImgSyn(Method):
     def _public_images(self, info: DatasetInfo) -> torch.Tensor:
         """Every image of the public dataset, converted to the private images' size and channels."""
         settings = self.config["alignment"]
-        public = load_dataset(settings["public"], settings["public_data_dir"], resolution=info.height,
-                              channels=info.channels)
-        images = torch.cat([public.train.images, public.val.images, public.test.images])
-        return convert_images(images, info.channels, (info.height, info.width))
+        return load_public(settings["public"], settings["public_data_dir"], info)[0].images
 
     def _moment_scaling(self, teacher: torch.nn.Module, public: torch.Tensor | None, shape: tuple[int, ...],
                         device: torch.device) -> MomentScaling:

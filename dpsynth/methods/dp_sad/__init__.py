@@ -99,6 +99,7 @@ class DPSAD(DPDM):
         phase = state["phase"] if state is not None else None
         choice_setting(self.config, "student", "init", INITS)
         self.info, teacher = info, self._build(info, context.device)
+        self._log_public_start(context)
         if phase in (None, "teacher"):
             self._train_private(context, teacher, "teacher", "teacher",
                                 self._batch_maker(context, section="teacher"), state)

@@ -26,6 +26,7 @@ import torch
 from ...config import choice_setting, positive_setting
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS, load_fingerprints
+from ...data.glyphs import find_fonts
 from ...errors import ConfigError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
@@ -33,7 +34,7 @@ from ...privacy.mechanisms import release_gaussian
 from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
-from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples, find_fonts
+from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
 from .embeddings import Embedding, build_embedding
 from .histogram import dp_histograms, nearest_neighbour_votes
 

@@ -12,9 +12,9 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
 
 from ...data import DatasetInfo
+from ...data.glyphs import DEFAULT_RANGES, TextRanges, render_character
 from ...errors import ConfigError
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import convert_images
@@ -48,39 +48,13 @@ class ImageAPI(Protocol):
     def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples: ...
 
 
-DEFAULT_FONT_DIRS = ("/usr/share/fonts/truetype", "/usr/share/fonts/opentype")
-# Rendering parameters: font index, size (fraction of the image height), rotation (degrees), stroke width
-# (fraction of the size), horizontal and vertical offset (fractions of the image side).
-PARAMS = ("font", "size", "rotation", "stroke", "dx", "dy")
-
-
-@dataclass(frozen=True)
-class TextRanges:
-    """Ranges RANDOM_API draws from uniformly; VARIATION_API moves each by degree x (its range width) / 2."""
-
-    size: tuple[float, float] = (0.55, 0.9)
-    rotation: tuple[float, float] = (-25.0, 25.0)
-    stroke: tuple[float, float] = (0.0, 0.08)
-    offset: tuple[float, float] = (-0.12, 0.12)
-
-    def bounds(self) -> torch.Tensor:
-        return torch.tensor([self.size, self.rotation, self.stroke, self.offset, self.offset], dtype=torch.float64)
-
-
-def find_fonts(directories: list[str] | tuple[str, ...] = DEFAULT_FONT_DIRS) -> list[Path]:
-    """The .ttf / .otf files under ``directories``, sorted; ConfigError naming them when there are none."""
-    fonts = sorted(p for d in directories for p in Path(d).rglob("*") if p.suffix.lower() in (".ttf", ".otf"))
-    if not fonts:
-        raise ConfigError(f"api.font_dirs: no .ttf or .otf fonts under {', '.join(directories)}; install some "
-                          "(apt-get install fonts-dejavu-core fonts-liberation fonts-freefont-ttf)")
-    return fonts
-
-
 class DrawTextAPI:
     """A simulator rendering one character per image (white on black) with a random font, size, rotation,
-    stroke width and position; no model, no download. Class ``c`` is the character ``characters[c]``."""
+    stroke width and position (:mod:`dpsynth.data.glyphs`); no model, no download. Class ``c`` is the character
+    ``characters[c]``. RANDOM_API draws the parameters uniformly within ``ranges``; VARIATION_API moves each by
+    degree x (its range width) / 2 and changes the font with probability degree / 2."""
 
-    def __init__(self, info: DatasetInfo, characters: str, fonts: list[Path], ranges: TextRanges = TextRanges()
+    def __init__(self, info: DatasetInfo, characters: str, fonts: list[Path], ranges: TextRanges = DEFAULT_RANGES
                  ) -> None:
         if len(characters) != info.num_classes:
             raise ConfigError(f"api.characters: {len(characters)} characters ({characters!r}) for "
@@ -88,10 +62,7 @@ class DrawTextAPI:
         self.info, self.characters, self.fonts, self.ranges = info, characters, fonts, ranges
 
     def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
-        bounds = self.ranges.bounds()
-        font = torch.randint(0, len(self.fonts), (n, 1), generator=generator).double()
-        uniform = torch.rand((n, len(bounds)), generator=generator, dtype=torch.float64)
-        params = torch.cat([font, bounds[:, 0] + uniform * (bounds[:, 1] - bounds[:, 0])], dim=1)
+        params = self.ranges.draw(n, len(self.fonts), generator)
         return Samples(self._render(label, params), params)
 
     def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
@@ -109,22 +80,11 @@ class DrawTextAPI:
         return Samples(self._render(label, params), params)
 
     def _render(self, label: int, params: torch.Tensor) -> torch.Tensor:
-        images = np.stack([self._render_one(self.characters[label], row.tolist()) for row in params])
+        size = (self.info.height, self.info.width)
+        images = np.stack([render_character(self.characters[label], self.fonts, row.tolist(), size)
+                           for row in params])
         pixels = torch.from_numpy(images).float().div(255)[:, None]
         return pixels.expand(-1, self.info.channels, -1, -1).contiguous()
-
-    def _render_one(self, character: str, params: list[float]) -> np.ndarray:
-        """One H x W uint8 image, drawn at 4x resolution and downsampled (anti-aliased)."""
-        font_index, size, rotation, stroke, dx, dy = params
-        height, width, scale = self.info.height, self.info.width, 4
-        canvas = Image.new("L", (width * scale, height * scale), 0)
-        points = max(1, round(size * height * scale))
-        font = ImageFont.truetype(str(self.fonts[int(font_index)]), points)
-        centre = (width * scale * (0.5 + dx), height * scale * (0.5 + dy))
-        ImageDraw.Draw(canvas).text(centre, character, fill=255, font=font, anchor="mm",
-                                    stroke_width=round(stroke * points), stroke_fill=255)
-        canvas = canvas.rotate(rotation, resample=Image.Resampling.BILINEAR, center=centre)
-        return np.asarray(canvas.resize((width, height), Image.Resampling.BOX))
 
 
 class DiffusionAPI:

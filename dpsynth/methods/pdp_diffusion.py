@@ -1,0 +1,27 @@
+"""PDP-Diffusion (Ghalebikesabi et al. 2023): DPDM's DP-SGD fine-tuning a diffusion model pre-trained on public
+data (``dpsynth pretrain --for pdp-diffusion``); the pre-training reads no private data and costs no epsilon."""
+from __future__ import annotations
+
+from ..data import DatasetInfo
+from ..errors import ConfigError
+from ..privacy import PlannedStage
+from .base import register
+from .dpdm import DPDM
+
+
+@register
+class PDPDiffusion(DPDM):
+    """DPDM started from a public model: ``model.init_from`` is required."""
+
+    name = "pdp-diffusion"
+    description = "DP-SGD fine-tuning of a diffusion model pre-trained on public data"
+    sections = DPDM.sections
+    # DPImageBench runs PDP-Diffusion with DPDM's DP-SGD settings after pre-training on ImageNet-32 (160 epochs,
+    # batch 1024, Adam 3e-4: `dpsynth pretrain --for pdp-diffusion --preset paper --iterations ...`).
+    presets = {"paper": DPDM.presets["paper"], "cpu": DPDM.presets["cpu"]}
+
+    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        if not self.config["model"].get("init_from"):
+            raise ConfigError(f"{self.name} fine-tunes a model pre-trained on public data: give it with --init-from "
+                              f"DIR (model.init_from), written by dpsynth pretrain --for {self.name} --dataset PUBLIC")
+        return super().privacy_stages(info)

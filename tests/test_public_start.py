@@ -1,0 +1,152 @@
+"""Public pre-training: the glyphs dataset, `dpsynth pretrain --for`, starting DP-SGD methods from a public model
+(model.init_from, PDP-Diffusion), and DP-MERF."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import privacy_report
+
+from dpsynth.api import check_stored_config, resolve_config
+from dpsynth.cli import main
+from dpsynth.data import load_dataset
+from dpsynth.data.fingerprints import fingerprints
+from dpsynth.data.glyphs import GLYPH_CLASSES
+from dpsynth.diffusion import Diffusion
+from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain
+from dpsynth.errors import ConfigError, DataError
+from dpsynth.models import build_unet
+from dpsynth.pipeline import start
+from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
+
+UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]
+DPSGD = ["dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=10"]
+RUN = ["sampling.num_samples=20", "evaluation.enabled=false", "privacy.accountant=rdp"]
+
+
+def glyphs(resolution: int = 8, count: int = 124):
+    return load_dataset("glyphs", resolution=resolution, num_images=count)
+
+
+def public_model(tmp_path, method: str = "dpdm", overrides: tuple[str, ...] = (), data=None):
+    config = resolve_config(method, preset="cpu", overrides=[*UNET, *overrides])
+    data = data if data is not None else glyphs()
+    return pretrain(data.train, tmp_path / "public", PretrainSettings.for_method(config, iterations=3, batch_size=8),
+                    torch.device("cpu"), data.info.class_names, data.info.name)
+
+
+def run_on_digits(tmp_path, method: str, *overrides: str, tiny: tuple[str, ...] = (*UNET, *DPSGD)):
+    config = resolve_config(method, dataset="digits", epsilon=8.0, preset="cpu",
+                            overrides=[*tiny, *RUN, f"run.out_dir={tmp_path}", *overrides])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny configuration's small-batch warnings
+        return start(config).path
+
+
+def test_glyphs_are_62_balanced_classes_rendered_the_same_every_time():
+    first, again = glyphs(count=248), glyphs(count=248)
+    assert first.info.class_names == list(GLYPH_CLASSES) and first.info.shape == (1, 8, 8)
+    everything = torch.cat([first.train.labels, first.val.labels, first.test.labels])
+    assert torch.bincount(everything).tolist() == [4] * 62
+    assert np.array_equal(fingerprints(first.train.images), fingerprints(again.train.images))
+    assert first.train.images.std() > 0.1
+    with pytest.raises(DataError, match="dataset.num_images: glyphs needs a whole number >= 62"):
+        glyphs(count=10)
+
+
+def test_a_started_model_predicts_what_the_public_model_predicts_unconditionally(tmp_path):
+    out = public_model(tmp_path)
+    record = json.loads((out / "pretraining.json").read_text())
+    assert record["class_names"] == list(GLYPH_CLASSES) and record["settings"]["prediction"] == "v"
+    assert (out / "fingerprints.npy").exists()
+    private = build_unet(1, 8, 10, [8, 16], 1, True, 4)
+    done = init_from_public(private, out, [str(d) for d in range(10)], Diffusion(prediction="v"))
+    assert done["class_embedding"].startswith("the public null class")
+    from diffusers import UNet2DModel
+    public = UNet2DModel.from_pretrained(out, subfolder="unet").eval()
+    x, t = torch.randn(4, 1, 8, 8), torch.tensor([10, 200, 500, 900])
+    with torch.no_grad():
+        expected = public(x, t, class_labels=torch.full((4,), 62)).sample
+        for labels in (torch.tensor([0, 3, 9, 10]), torch.full((4,), 10)):
+            assert torch.allclose(private.eval()(x, t, class_labels=labels).sample, expected, atol=1e-5)
+
+
+def test_a_public_model_of_another_shape_or_diffusion_is_refused_by_name(tmp_path):
+    out = public_model(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.block_channels: \[8, 32\] here, \[8, 16\] there"):
+        init_from_public(build_unet(1, 8, 10, [8, 32], 1, True, 4), out, [], Diffusion(prediction="v"))
+    with pytest.raises(ConfigError, match="diffusion.prediction is 'epsilon' here, 'v' there"):
+        init_from_public(build_unet(1, 8, 10, [8, 16], 1, True, 4), out, [], Diffusion(prediction="epsilon"))
+    with pytest.raises(ConfigError, match="is not a model written by dpsynth pretrain"):
+        init_from_public(build_unet(1, 8, 10, [8, 16], 1, True, 4), tmp_path, [], Diffusion(prediction="v"))
+
+
+def test_a_run_from_a_public_model_spends_what_a_run_from_scratch_spends(tmp_path):
+    out = public_model(tmp_path)
+    scratch = run_on_digits(tmp_path / "scratch", "dpdm")
+    started = run_on_digits(tmp_path / "started", "pdp-diffusion", f"model.init_from={out}")
+    assert PrivacyLedger.load(started / "ledger.json") == PrivacyLedger.load(scratch / "ledger.json")
+    assert privacy_report(started)["epsilon"] == privacy_report(scratch)["epsilon"]
+    log = [json.loads(line) for line in (started / "log.jsonl").read_text().splitlines()]
+    (entry,) = [e for e in log if e["event"] == "public model"]
+    assert entry["dataset"] == "glyphs" and entry["directory"] == str(out)
+
+
+def test_pdp_diffusion_needs_a_public_model_that_holds_no_private_image(tmp_path, capsys):
+    assert main(["privacy", "pdp-diffusion", "--dataset", "digits"]) == 2
+    assert "--init-from DIR (model.init_from)" in capsys.readouterr().err
+    digits = load_dataset("digits")
+    out = public_model(tmp_path, data=digits)
+    with pytest.raises(DataError, match="model.init_from .* is not disjoint from the private dataset 'digits'"):
+        run_on_digits(tmp_path / "runs", "dpdm", f"model.init_from={out}")
+    (out / "fingerprints.npy").unlink()
+    with pytest.raises(DataError, match="holds no fingerprints.npy"):
+        run_on_digits(tmp_path / "runs", "dpdm", f"model.init_from={out}")
+
+
+def test_pretrain_for_a_method_prints_how_to_start_from_it(tmp_path, capsys):
+    out = tmp_path / "public"
+    assert main(["pretrain", "--dataset", "glyphs", "--for", "dp-feta", "--out", str(out), "--iterations", "1",
+                 "--batch-size", "4", "--set", "dataset.resolution=8", "--set", "dataset.num_images=62",
+                 "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--device", "cpu"]) == 0
+    assert f"dpsynth run dp-feta --init-from {out}" in capsys.readouterr().out
+    assert json.loads((out / "pretraining.json").read_text())["settings"]["block_channels"] == [8, 16]
+    assert main(["pretrain", "--dataset", "glyphs", "--for", "pe", "--out", str(tmp_path / "x")]) == 2
+    assert "methods that do: dp-feta, dp-sad, dpdm, feta-pro, pdp-diffusion" in capsys.readouterr().err
+
+
+def test_dp_merf_releases_its_means_once_with_the_calibrated_noise(tmp_path):
+    run = run_on_digits(tmp_path, "dp-merf", tiny=("frequency.features=100", "generator.epochs=1",
+                                                   "generator.iterations_per_epoch=3", "generator.latent=8",
+                                                   "generator.width=16"))
+    (event,) = PrivacyLedger.load(run / "ledger.json").events()
+    assert isinstance(event, GaussianMechanism) and event.count == 1
+    delta = privacy_report(run)["delta"]
+    assert Accountant("rdp").epsilon([event], delta) == pytest.approx(8.0, rel=1e-3)
+    with np.load(run / "release" / "synthetic.npz") as release:
+        assert release["images"].shape == (20, 1, 8, 8) and set(release["labels"].tolist()) == set(range(10))
+
+
+def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends_the_rest_on_dp_sgd(tmp_path):
+    run = run_on_digits(tmp_path, "privimage", "selection.public_num_images=124", "selection.top_k=2",
+                        "selection.classifier_epochs=1", "selection.ratio=0.1", "public_pretrain.iterations=2",
+                        "public_pretrain.batch_size=8")
+    histogram, dpsgd = PrivacyLedger.load(run / "ledger.json").events()
+    assert histogram == GaussianMechanism(50.0) and dpsgd.steps == int(0.2 / (64 / 1437))
+    assert privacy_report(run)["epsilon"] == pytest.approx(8.0, abs=0.01)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    (selection,) = [e for e in log if e["event"] == "public selection"]
+    assert len(selection["classes"]) == 6 and set(selection["classes"]) <= set(GLYPH_CLASSES)
+    assert [e["phase"] for e in log if e["event"] == "warm-up"] == ["pretrain-public"]
+
+
+def test_a_run_configured_before_init_from_and_num_images_existed_still_resumes():
+    config = resolve_config("dpdm", dataset="digits")
+    del config["model"]["init_from"], config["dataset"]["num_images"]
+    check_stored_config(config, "config.yaml")
+    del config["model"]["attention"]
+    with pytest.raises(ConfigError, match="config.yaml: missing model.attention"):
+        check_stored_config(config, "config.yaml")
