@@ -97,7 +97,7 @@ def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
 
 def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path):
     out = tmp_path / "bench"
-    tiny = [arg for pair in TINY["dpdm"] for arg in ("--set", pair.replace("dpsgd.epochs=1", "dpsgd.epochs=200"))]
+    tiny = [arg for pair in [*TINY["dpdm"], "dpsgd.epochs=200"] for arg in ("--set", pair)]  # the last one wins
     command = [sys.executable, "-m", "dpsynth", "bench", "--methods", "dpdm", "--out", str(out), *COMMON, *tiny]
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731  as in a background job
     bench_process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,

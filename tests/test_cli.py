@@ -64,7 +64,7 @@ def test_privacy_plan_human_readable(capsys):
     (["privacy", "dp-sad", "--set", "teacher.training=public"], "teacher.training must be one of dp, non-private"),
     (["privacy", "dp-imgsyn", "--set", "alignment.init=zeros"], "alignment.init must be one of public, noise"),
     (["privacy", "dpdm", "--set", "dpsgd"], "--set expects key=value"),
-    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dp-sad, dpdm"),
+    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dp-merf, dp-sad, dpdm"),
     (["privacy", "dpdm", "--dataset", "imagenet"], "unknown dataset 'imagenet'; known datasets: fashion-mnist"),
     (["privacy", "dpdm", "--preset", "gpu"], "no preset 'gpu'; presets: paper, cpu"),
     (["privacy", "dpdm", "--dataset", "mnist-5k", "--set", "dpsgd.batch_size=9000"], "batch_size must lie in"),

@@ -91,8 +91,8 @@ METHODS = {"dpdm": ["dpdm", *DPDM, *_set("dpsgd.epochs=0.25", "privacy.accountan
            "dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
            "feta-pro": [*FETA_PRO, *_set("dpsgd.epochs=0.15", "warmup.iterations=3", "frequency_warmup.iterations=4")],
            "pe": PE, "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
-           "dp-sad": [*dp_sad(Path("overridden")),  # run.out_dir is set again below
-                      *_set("teacher.epochs=0.25", "student.epochs=0.25", "run.threads=auto")]}
+           "dp-sad": [*dp_sad(Path("overridden"), threads="auto"),  # run.out_dir is set again below
+                      *_set("teacher.epochs=0.25", "student.epochs=0.25")]}
 
 
 def _processes(args: list[str], out: Path) -> list[str]:

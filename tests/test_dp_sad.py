@@ -17,7 +17,7 @@ from dpsynth.methods.dp_sad.distillation import Discriminator, discriminator_los
 from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
 
 
-def tiny(out_dir: Path, *extra: str) -> list[str]:
+def tiny(out_dir: Path, *extra: str, threads: str = "2") -> list[str]:
     settings = ["model.block_channels=[8, 16]", "model.norm_groups=4", "teacher.batch_size=64", "teacher.epochs=0.5",
                 "student.batch_size=64", "student.epochs=0.5", "teacher.checkpoint_every=3",
                 "student.checkpoint_every=3", "sampling.num_samples=30", "diffusion.sample_steps=4",
@@ -26,7 +26,7 @@ def tiny(out_dir: Path, *extra: str) -> list[str]:
                 "privacy.accountant=rdp",  # the accountant is not under test here, and RDP calibrates 4x faster
                 # fixed: under load the thread governor would change the thread count, and with it the float
                 # rounding, between the clean and the resumed run (the discriminator then drifts them apart)
-                "run.threads=2"]
+                f"run.threads={threads}"]
     return ["dp-sad", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *extra,
             *[arg for setting in settings for arg in ("--set", setting)]]
 

@@ -16,6 +16,7 @@ from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, ki
 from dpsynth.evaluation.cache import FeatureCache
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
+from dpsynth.evaluation.fidelity import feature_fid
 from dpsynth.evaluation.inception import preprocess
 from dpsynth.hardware import resolve_bf16
 from dpsynth.models.classifiers import build_classifier
@@ -245,3 +246,12 @@ def test_evaluate_a_missing_path_or_a_run_without_release(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert main(["evaluate", str(tmp_path / "run")]) == 2
     assert "not a dpsynth run directory" in capsys.readouterr().err
+
+
+def test_the_low_rank_fid_equals_the_covariance_fid():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(0, 1, (30, 200)), rng.normal(0.3, 2, (40, 200)) @ rng.normal(0, 0.2, (200, 200))
+    assert feature_fid(x, y) == pytest.approx(fid(Moments.of(x), Moments.of(y)), rel=1e-7)
+    assert feature_fid(x, x) == pytest.approx(0, abs=1e-6)
+    wide, other = rng.normal(0, 1, (300, 200)), rng.normal(0, 1, (150, 200))  # over half the dimensions each:
+    assert feature_fid(wide, other) == fid(Moments.of(wide), Moments.of(other))  # the covariance route itself

@@ -25,7 +25,7 @@ from ..utils.images import class_grid, save_png, to_uint8
 from ..utils.io import atomic_write_json
 from .cache import FeatureCache
 from .downstream import SCHEDULES, TrainingSettings, downstream_accuracy, seeded_accuracy
-from .fidelity import Moments, fid, fid_infinity, kid, precision_recall
+from .fidelity import feature_fid, fid_infinity, kid, precision_recall
 from .inception import InceptionFeatures
 from .plots import nearest_real, save_log_curves, save_nearest_neighbours
 from .release import Release
@@ -191,7 +191,7 @@ def fidelity_metrics(synthetic: np.ndarray, real: np.ndarray, settings: Evaluati
     """FID, FID-infinity, KID and precision / recall of synthetic against real Inception features."""
     kid_mean, kid_std = kid(synthetic, real, settings.kid_subsets, settings.kid_subset_size, settings.seed)
     precision, recall = precision_recall(real, synthetic, settings.pr_k)
-    return {"fid": fid(Moments.of(synthetic), Moments.of(real)),
+    return {"fid": feature_fid(synthetic, real),
             "fid_infinity": fid_infinity(synthetic, real, seed=settings.seed),
             "kid": {"mean": kid_mean, "std": kid_std, "subsets": settings.kid_subsets,
                     "subset_size": min(settings.kid_subset_size, len(synthetic), len(real))},
