@@ -10,12 +10,13 @@ from collections.abc import Callable, Sequence
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting import dp_event, pld, rdp
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution as PLD
+from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
 
 from ..errors import PrivacyError
 from .events import Event, ParallelComposition, SimpleEvent
 
 ACCOUNTANTS = ("pld", "rdp")
-PLD = pld.privacy_loss_distribution.PrivacyLossDistribution
 COARSE_GRID = 10  # PLD calibration searches on a grid this many times coarser (see _calibrate_scenario)
 Scenario = tuple[SimpleEvent, ...]
 
@@ -101,7 +102,7 @@ class _PldAccountant(pld.PLDAccountant):
         if (isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(event.event, dp_event.GaussianDpEvent)
                 and event.sampling_probability > 0 and event.event.noise_multiplier > 0):
             if do_compose:
-                self._pld = self._pld.compose(_subsampled_gaussian_pld(
+                self._pld = self._pld.compose(_subsampled_gaussian_pld(  # type: ignore[has-type]
                     event.event.noise_multiplier, event.sampling_probability, count,
                     self._value_discretization_interval, self.neighboring_relation))
             return None
@@ -119,7 +120,7 @@ def _subsampled_gaussian_pld(noise_multiplier: float, sampling_prob: float, coun
 @functools.lru_cache(maxsize=64)
 def _subsampled_gaussian_step(noise_multiplier: float, sampling_prob: float, interval: float,
                               relation: dpa.NeighboringRelation) -> PLD:
-    return pld.privacy_loss_distribution.from_gaussian_mechanism(
+    return from_gaussian_mechanism(
         standard_deviation=noise_multiplier, value_discretization_interval=interval, sampling_prob=sampling_prob,
         neighboring_relation=relation)
 
