@@ -11,6 +11,8 @@ import torch
 from conftest import privacy_report
 
 from dpsynth.api import check_stored_config, resolve_config
+from dpsynth.bench import Cell
+from dpsynth.bench.results import cell_row
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import fingerprints
@@ -93,6 +95,10 @@ def test_a_run_from_a_public_model_spends_what_a_run_from_scratch_spends(tmp_pat
     log = [json.loads(line) for line in (started / "log.jsonl").read_text().splitlines()]
     (entry,) = [e for e in log if e["event"] == "public model"]
     assert entry["dataset"] == "glyphs" and entry["directory"] == str(out)
+    record = json.loads((out / "pretraining.json").read_text())
+    public_cost = {path: cell_row(path, Cell("dpdm", "digits", 8.0))["public_pretraining_min"]
+                   for path in (scratch, started)}
+    assert public_cost == {scratch: None, started: round(record["seconds"] / 60, 2)}
 
 
 def test_pdp_diffusion_needs_a_public_model_that_holds_no_private_image(tmp_path, capsys):

@@ -43,7 +43,7 @@ def write_results(out: Path, cells: list[Cell], preset: str) -> list[dict[str, A
 def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
     """What the cell's run directory says: status, privacy split, metrics, cost (None where not yet known)."""
     privacy, metrics = _json(path / PRIVACY), _json(path / METRICS)
-    attempts = _jsonl(path / ATTEMPTS)
+    attempts, log = _jsonl(path / ATTEMPTS), _jsonl(path / LOG)
     row: dict[str, Any] = {"dataset": cell.dataset, "method": cell.method, "target_epsilon": cell.epsilon,
                            "status": _status(privacy, metrics, attempts)}
     row["epsilon"] = privacy.get("epsilon") if privacy else None
@@ -63,7 +63,8 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
         row[f"{phase}_wall_min"] = round(sum(a["wall_s"] for a in spent) / 60, 2) if spent else None
         row[f"{phase}_cpu_min"] = round(sum(a["cpu_s"] for a in spent) / 60, 2) if spent else None
     row["peak_rss_gib"] = round(max(a["max_rss_bytes"] for a in attempts) / GIB, 2) if attempts else None
-    row["peak_cuda_gib"] = _cuda_peak(path / LOG)
+    row["peak_cuda_gib"] = _cuda_peak(log)
+    row["public_pretraining_min"] = _public_minutes(log)
     row["run_dir"] = str(path)
     return row
 
@@ -86,9 +87,16 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def _cuda_peak(log: Path) -> float | None:
-    peaks = [r["cuda_peak_bytes"] for r in _jsonl(log) if "cuda_peak_bytes" in r]
+def _cuda_peak(log: list[dict]) -> float | None:
+    peaks = [r["cuda_peak_bytes"] for r in log if "cuda_peak_bytes" in r]
     return round(max(peaks) / GIB, 2) if peaks else None
+
+
+def _public_minutes(log: list[dict]) -> float | None:
+    """Minutes the public model the run started from (``model.init_from``) took to pre-train, as its
+    pretraining.json says: a one-off cost, shared by every run started from it, so not the run's own."""
+    seconds = [r.get("seconds") for r in log if r.get("event") == "public model"]
+    return round(seconds[-1] / 60, 2) if seconds and seconds[-1] is not None else None
 
 
 def _cell(value: Any, digits: int = 3, percent: bool = False) -> str:
@@ -108,11 +116,14 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
              "memory: peak resident set of any child (and peak CUDA memory allocated, on a GPU)",
              "- accuracy: mean ± standard deviation over the classifier seeds (`evaluation.classifier_seeds`), each "
              "at the epoch Report Noisy Max picks on the validation split",
+             "- public pre-training: the minutes the public model a cell started from (`model.init_from`) took, on "
+             "whatever machine trained it; a one-off cost, not in the cell's synthesis time (PrivImage's pre-training "
+             "follows its private class selection, so it is in its synthesis time)",
              "- epsilon: spent by the synthesis, from its ledger (privacy split: each stage's share); model "
              "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
     header = (["method", "target ε", "ε spent", "FID (FID∞)", "KID", "precision", "recall"]
               + [f"acc. {name}" for name in classifiers]
-              + ["synthesis min (CPU)", "evaluation min (CPU)", "peak memory GiB", "privacy split", "status"])
+              + ["synthesis min (CPU)", "public pre-training min", "evaluation min (CPU)", "peak memory GiB", "privacy split", "status"])
     for dataset in dict.fromkeys(row["dataset"] for row in rows):
         lines += [f"## {dataset}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for row in (r for r in rows if r["dataset"] == dataset):
@@ -122,7 +133,8 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
             cells = ([row["method"], f"{row['target_epsilon']:g}", _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
                       _cell(row["precision"]), _cell(row["recall"])]
                      + [_accuracy(row, name) for name in classifiers]
-                     + [_minutes(row, "synthesis"), _minutes(row, "evaluation"), memory,
+                     + [_minutes(row, "synthesis"), _cell(row["public_pretraining_min"], 1),
+                        _minutes(row, "evaluation"), memory,
                         row["privacy_split"] or "–", row["status"]])
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

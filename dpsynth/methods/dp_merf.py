@@ -45,8 +45,8 @@ class DPMERF(Method):
         # DPImageBench's DP-MERF (F-MNIST / MNIST): 10,000 features at bandwidth 105, 5 epochs of batch 100,
         # Adam 0.01 decayed by 0.9 per epoch; accounted with RDP as it reports.
         "paper": {"privacy": {"accountant": "rdp"}},
-        # The same training (about 12 minutes on 2 AVX2 cores: 146 s per generator epoch) and 5,000 released images,
-        # as the other cpu presets.
+        # The same training (146 s per generator epoch on 2 AVX2 cores, about 60 s on 2 AVX-512 cores: 12 and 5
+        # minutes) and 5,000 released images, as the other cpu presets.
         "cpu": {"sampling": {"num_samples": 5000}},
     }
 
