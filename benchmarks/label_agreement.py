@@ -5,7 +5,7 @@ A diagnostic for the data holder (it reads the private training split; print it,
 apart a release whose images look real but carry the wrong class (good FID, poor downstream accuracy) from one
 whose images are poor.
 
-    python benchmarks/label_agreement.py benchmarks/results/cpu-issue31/runs/*-eps10
+    python benchmarks/label_agreement.py benchmarks/results/cpu-issue31/runs/*-eps10 benchmarks/results/cpu-issue31/runs/*-eps1
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ RELEASE = "release/synthetic.npz"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="finished run directories of one dataset")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the judge CNN on the real training split")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs of the judge CNN on the real training split")
     args = parser.parse_args()
     data = dataset_from_config(RunDirectory(args.runs[0]).config())
     device, started = torch.device("cpu"), time.perf_counter()
