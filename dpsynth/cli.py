@@ -18,6 +18,7 @@ from .data import DATASETS, Dataset
 from .diffusion.pretrain import PretrainSettings as PretrainDefaults
 from .errors import DpsynthError
 from .methods import METHODS
+from .runs import PRIVACY
 
 
 def _data_list(args: argparse.Namespace) -> None:
@@ -106,7 +107,7 @@ def _starts_from_public() -> list[str]:
 
 def _privacy(args: argparse.Namespace) -> None:
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
-                            data_dir=args.data_dir, overrides=args.set)
+                            data_dir=args.data_dir, overrides=_method_overrides(args))
     plan = plan_privacy(config, dataset_from_config(config).info)
     if args.json:
         print(json.dumps(plan, indent=2))
@@ -167,10 +168,7 @@ def _run(args: argparse.Namespace) -> None:
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     else:
-        shortcuts = [("run.device", args.device), ("api.name", args.api), ("api.model", args.api_model),
-                     ("alignment.public", args.public), ("model.init_from", args.init_from),
-                     ("run.allow_non_private", "true" if args.allow_non_private else None)]
-        overrides = args.set + [f"{key}={value}" for key, value in shortcuts if value]
+        overrides = _method_overrides(args) + ([f"run.device={args.device}"] if args.device else [])
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
         if args.nproc > 1:
@@ -254,8 +252,7 @@ def _doctor(args: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
-    from .methods.audits import AUDITS
-    from .privacy.audit import run_audit
+    from .privacy.audit import AUDITS, run_audit
 
     names = list(AUDITS) if args.mechanisms == ["all"] else args.mechanisms
     unknown = [name for name in names if name not in AUDITS]
@@ -284,7 +281,27 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
     parser.add_argument("--epsilon", type=float, help="target epsilon of the whole run")
     parser.add_argument("--preset", help="configuration preset (cpu or paper)")
+    parser.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
+    parser.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
+    parser.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
+    parser.add_argument("--init-from", metavar="DIR", help="start the diffusion model from one pre-trained on public "
+                                                          "data (dpsynth pretrain --for METHOD; model.init_from)")
+    parser.add_argument("--allow-non-private", action="store_true",
+                        help="a configuration that uses the private data without noise (e.g. DP-SAD's "
+                             "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
     _add_set(parser)
+
+
+# Options that stand for a config key: (attribute of the parsed arguments, key).
+SHORTCUTS = (("api", "api.name"), ("api_model", "api.model"), ("public", "alignment.public"),
+             ("init_from", "model.init_from"))
+
+
+def _method_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` pairs, then the shortcut options as ``key=value`` (they win)."""
+    pairs = [(key, getattr(args, attribute)) for attribute, key in SHORTCUTS]
+    pairs.append(("run.allow_non_private", "true" if args.allow_non_private else None))
+    return args.set + [f"{key}={value}" for key, value in pairs if value]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,16 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a crashed or stopped run")
     _add_method_options(run)
     run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
-    run.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
-    run.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
-    run.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
-    run.add_argument("--init-from", metavar="DIR", help="start the diffusion model from one pre-trained on public data "
-                                                       "(dpsynth pretrain --for METHOD; model.init_from)")
     run.add_argument("--nproc", type=int, default=1, metavar="N",
                      help="run in N processes on this machine (one per GPU; gloo on the CPU) through torchrun")
-    run.add_argument("--allow-non-private", action="store_true",
-                     help="run a configuration that uses the private data without noise (e.g. DP-SAD's "
-                          "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
     run.set_defaults(handler=_run)
 
     evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")
@@ -381,6 +390,17 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
     print(f"dpsynth: warning: {message}", file=sys.stderr)
 
 
+def _how_to_continue(command: str, run_directory: Path | None) -> str:
+    """What continues interrupted work: a bench's rerun, the run directory's resume or evaluation."""
+    if command == "bench":
+        return "the bench continues from where it stopped when rerun with the same options"
+    if run_directory is None:
+        return "nothing was left to resume"
+    if (run_directory / PRIVACY).exists():
+        return f"the release is written; `dpsynth evaluate {run_directory}` evaluates it"
+    return f"the run continues from its last checkpoint with `dpsynth run --resume {run_directory}`"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
@@ -393,9 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DpsynthError as exc:
         print(f"dpsynth: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dpsynth: interrupted; a run continues from its last checkpoint with "
-              "`dpsynth run --resume RUN_DIR`, a bench when rerun with the same options", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        print(f"dpsynth: interrupted; {_how_to_continue(args.command, getattr(interrupt, 'run_directory', None))}", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

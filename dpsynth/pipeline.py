@@ -22,6 +22,7 @@ from .methods import get_method
 from .methods.base import Method, RunContext
 from .privacy import Accountant, PrivacyLedger, budget_report, check_within_plan, ledger_report, non_private_stages
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
+from .report import write_run_report
 from .runs import CONFIG, LOG, PRIVACY, SYNTHETIC, RunDirectory
 
 
@@ -91,11 +92,15 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases."""
     world = world or World()
     try:
-        method, context, budget = _fit(run, dataset, budget, world)
-    finally:
-        world.close()
-    if world.is_main:
-        _release(run, method, context, budget)
+        try:
+            method, context, budget = _fit(run, dataset, budget, world)
+        finally:
+            world.close()
+        if world.is_main:
+            _release(run, method, context, budget)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the command line names the directory to resume
+        interrupt.run_directory = run.path  # type: ignore[attr-defined]
+        raise
     return run
 
 
@@ -160,6 +165,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     seconds = round(time.perf_counter() - start, 1)
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
+    write_run_report(run)
     run.log("released", epsilon=report["epsilon"], samples=len(labels), sampling_seconds=seconds,
             **method.sampling_report, **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
@@ -201,6 +207,7 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
                              get_method(config["method"])(config), config)
     run.write_privacy_report(report)
+    write_run_report(run)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
             **_cuda_peak(device or pick_device(config["run"]["device"])))
     return metrics

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine, as root: system packages, a virtual environment in .venv,
 # the CPU build of PyTorch (pinned first, so no dependency pulls a multi-GB CUDA build), then dpsynth.
+# --tests adds what only the test suite needs: Debian's chromium (about 300 MB: the report test opens
+# report.html in it), pytest, Opacus and MkDocs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for_tests=false
+[ "${1:-}" = "--tests" ] && for_tests=true
 
 apt_packages=()
+if $for_tests; then
+    command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
+fi
 dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || apt_packages+=(dataset-fashion-mnist)
 for font in fonts-dejavu-core fonts-liberation fonts-freefont-ttf; do  # PE's text-rendering API
     dpkg -s "$font" >/dev/null 2>&1 || apt_packages+=("$font")
@@ -18,5 +25,9 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+if $for_tests; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+else
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+fi
 echo "dpsynth is set up: .venv/bin/dpsynth --help"

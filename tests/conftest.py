@@ -1,9 +1,13 @@
-"""Shared fixtures: small dataset files written in the real on-disk formats; running and killing `dpsynth run`."""
+"""Shared fixtures: small dataset files written in the real on-disk formats; running and killing `dpsynth run`;
+opening a run's report.html in a real headless browser."""
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +133,39 @@ def assert_killed_run_resumes_to(clean_dir: Path, args: list[str], matches: Call
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
     with np.load(crash_dir / "release" / "synthetic.npz") as a, np.load(clean_dir / "release" / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])
+
+
+# Appended to a copy of the page: once it has loaded, what it shows, as JSON in a <pre id="probe">.
+PROBE = """<script>window.addEventListener("load", () => {
+  const shown = {images: [...document.images].map(i => ({alt: i.alt, loaded: i.complete && i.naturalWidth > 0})),
+                 epsilon: document.getElementById("epsilon").textContent, text: document.body.innerText};
+  const pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(shown);
+  document.body.appendChild(pre);
+});</script>"""
+
+
+def shown_in_browser(page: Path) -> dict:
+    """Open ``page`` in headless Chromium (Debian's ``chromium``) from disk; what it shows once loaded: each
+    image's alt text and whether it decoded, the text of the element ``#epsilon``, and the page's text."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("the report test needs Debian's chromium: `bash scripts/setup.sh --tests` installs it")
+    probe = page.with_name(f".probe-{page.name}")
+    probe.write_text(page.read_text().replace("</body>", f"{PROBE}</body>"))
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    probe.unlink()
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
+    assert found, f"chromium showed no probe (exit {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def assert_report_matches(run: Path) -> dict:
+    """The run's report.html opens from disk, every picture decodes and it shows privacy.json's epsilon;
+    returns what it showed."""
+    shown = shown_in_browser(run / "report.html")
+    assert shown["images"] and all(image["loaded"] for image in shown["images"]), shown["images"]
+    epsilon = privacy_report(run)["epsilon"]
+    assert shown["epsilon"] == (f"{epsilon:.4f}" if epsilon is not None else "none")
+    assert "The release, which may be shared: the folder release/" in shown["text"]
+    return shown

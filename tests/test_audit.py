@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from dpsynth.methods.audits import AUDITS
 from dpsynth.privacy import Accountant, GaussianMechanism
-from dpsynth.privacy.audit import clopper_pearson_upper, epsilon_from_rates, lower_bound, run_audit
+from dpsynth.privacy.audit import AUDITS, clopper_pearson_upper, epsilon_from_rates, lower_bound, run_audit
 
 DELTA = 1e-5
 

@@ -113,7 +113,9 @@ def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bench_process.pid, signal.SIGKILL)  # nothing left running, whatever happened
-    assert "a bench when rerun with the same options" in bench_process.stderr.read()
+    assert "the bench continues from where it stopped when rerun with the same options" in bench_process.stderr.read()
+    child_said = output.read_text()  # the interrupted run names its own directory, not a placeholder
+    assert f"continues from its last checkpoint with `dpsynth run --resume {output.parent}" in child_said
     (attempt,) = [json.loads(line) for line in (output.parent / "bench.jsonl").read_text().splitlines()]
     assert attempt["interrupted"] and attempt["returncode"] == 130 and attempt["cpu_s"] > 0
     (row,) = results(out)

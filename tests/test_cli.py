@@ -52,6 +52,14 @@ def test_privacy_plan_human_readable(capsys):
     assert code == 0 and "dp-sgd" in out and "total epsilon = " in out and "(N = 4000)" in out
 
 
+def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(capsys):
+    plan = ["privacy", "dp-imgsyn", "--dataset", "digits", "--epsilon", "1", "--json", "--set", "privacy.accountant=rdp"]
+    code, natural, _ = run_cli(capsys, *plan)
+    assert code == 0
+    code, digits, err = run_cli(capsys, *plan, "--public", "mnist-5k")
+    assert code == 0 and err == "" and json.loads(digits) == json.loads(natural)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["privacy", "dpdm", "--epsilon", "0"], "epsilon must be a positive number"),
     (["privacy", "dpdm", "--epsilon", "-1"], "epsilon must be a positive number"),

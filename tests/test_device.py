@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import secret_stream
+from conftest import assert_report_matches, secret_stream
 
 import dpsynth
 from dpsynth.api import resolve_config
@@ -96,12 +96,18 @@ def test_running_out_of_memory_names_the_setting_to_lower():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def test_doctor_passes_every_method_on_the_cpu(capsys: pytest.CaptureFixture[str]):
-    assert main(["doctor", "--device", "cpu"]) == 0
+def test_doctor_passes_every_method_on_the_cpu_and_each_run_has_its_report(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path):
+    assert main(["doctor", "--device", "cpu", "--keep", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "dpsynth doctor on cpu" and len(lines) == 1 + len(METHODS)
     for line, method in zip(lines[1:], sorted(METHODS), strict=True):
         assert line.split()[:2] == [method, "ok"] and "resumed" in line and line.endswith("on cpu"), line
+    runs = sorted(path.parent.parent for path in tmp_path.rglob("release/privacy.json"))
+    assert len(runs) == len(METHODS)
+    for run in runs:  # written at release: the evaluation is disabled in the doctor's runs
+        shown = assert_report_matches(run)
+        assert "Not evaluated yet: dpsynth evaluate" in shown["text"] and "Samples per class" in shown["text"]
 
 
 def test_the_doctor_says_which_method_failed_and_why(monkeypatch: pytest.MonkeyPatch,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import kill_after_recorded_steps
+from conftest import assert_report_matches, kill_after_recorded_steps
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.diffusion import Diffusion
@@ -73,6 +74,11 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     assert report["evaluation"]["stages"][0]["name"] == "model-selection"
     assert report["evaluation"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
     assert (run / "nearest_neighbours.png").exists() and (run / "training_curves.png").exists()
+    shown = assert_report_matches(run)  # rewritten after the evaluation
+    assert [image["alt"] for image in shown["images"]][-2:] == [
+        "synthetic images above their nearest real training images", "training curves"]
+    assert "30 synthetic vs 30 real (train split)" in shown["text"] and "Not evaluated yet" not in shown["text"]
+    assert re.search(r"accuracy, cnn\s+[\d.]+ ± 0.00 %\s+trained on 30 synthetic, tested on \d+ real test", shown["text"])
 
 
 @pytest.mark.slow

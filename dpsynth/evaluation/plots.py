@@ -1,8 +1,10 @@
 """Evaluation pictures: synthetic images beside their nearest real images, and curves from a run's log."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,11 +35,9 @@ def save_nearest_neighbours(synthetic_images: np.ndarray, real_images: np.ndarra
     save_png(pairs_grid(synthetic_images, real_images), path)
 
 
-def save_log_curves(log_path: str | Path, path: str | Path) -> bool:
-    """Plot every numeric field of the log records that carry a ``step``, one panel per (event, field).
-
-    Returns False (and writes nothing) when the log has no such records.
-    """
+def log_curves_png(log_path: str | Path) -> bytes | None:
+    """Every numeric field of the log records that carry a ``step``, one panel per (event, field), as PNG;
+    None when the log has no such records."""
     series: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for line in Path(log_path).read_text().splitlines():
         record = json.loads(line)
@@ -47,7 +47,7 @@ def save_log_curves(log_path: str | Path, path: str | Path) -> bool:
             if key not in ("step", "time", "event") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 series.setdefault((record["event"], key), []).append((record["step"], value))
     if not series:
-        return False
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +58,23 @@ def save_log_curves(log_path: str | Path, path: str | Path) -> bool:
         steps, values = zip(*points, strict=True)
         axis.plot(steps, values)
         axis.set(title=f"{event}: {key}", xlabel="step")
+    return figure_png(figure)
+
+
+def figure_png(figure: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (the figure is closed)."""
+    from matplotlib import pyplot as plt
+
     figure.tight_layout()
-    atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100))
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
-    return True
+    return buffer.getvalue()
+
+
+def save_log_curves(log_path: str | Path, path: str | Path) -> bool:
+    """Write :func:`log_curves_png` to ``path``; False (and nothing written) when the log has no step records."""
+    data = log_curves_png(log_path)
+    if data is not None:
+        atomic_write(path, lambda handle: handle.write(data))
+    return data is not None

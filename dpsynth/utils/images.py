@@ -1,6 +1,7 @@
 """Image helpers: quantisation and sample grids with one row per class."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +29,19 @@ def class_grid(images: np.ndarray, labels: np.ndarray, num_classes: int, per_cla
     return grid
 
 
-def save_png(array: np.ndarray, path: str | Path, min_size: int = 256) -> None:
-    """Save a H x W x C uint8 array as PNG, enlarged by an integer factor (nearest) to >= ``min_size`` px."""
+def png_bytes(array: np.ndarray, min_size: int = 256) -> bytes:
+    """A H x W x C uint8 array as PNG, enlarged by an integer factor (nearest) to >= ``min_size`` px."""
     image = Image.fromarray(array[..., 0] if array.shape[2] == 1 else array)
     factor = max(1, -(-min_size // max(image.size)))
-    image = image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
-    atomic_write(path, lambda handle: image.save(handle, format="PNG"))
+    buffer = io.BytesIO()
+    image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def save_png(array: np.ndarray, path: str | Path, min_size: int = 256) -> None:
+    """Save a H x W x C uint8 array as PNG, enlarged as :func:`png_bytes` does."""
+    data = png_bytes(array, min_size)
+    atomic_write(path, lambda handle: handle.write(data))
 
 
 def convert_images(images: torch.Tensor, channels: int, size: int | tuple[int, int]) -> torch.Tensor:

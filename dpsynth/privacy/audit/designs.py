@@ -1,9 +1,9 @@
-"""Canary audits of every mechanism the methods run on private data (see :mod:`dpsynth.privacy.audit`).
+"""Canary audits of every mechanism the methods run on private data (the harness: :mod:`dpsynth.privacy.audit.harness`).
 
 Each design runs the method's own function (the one a real run calls, ledger included) on a small dataset D
 or on D plus one canary chosen to move the output as far as the mechanism allows, and scores the output
 along the canary's direction. Where the output passes through a lossy step (an argmax, a ratio, a clamp)
-the score cannot see everything the canary changed, so the bound is looser; the README says by how much.
+the score cannot see everything the canary changed, so the bound is looser; docs/privacy.md says by how much.
 ``broken-gaussian-sum`` is a deliberately wrong copy of the Gaussian mechanism (noise divided by the
 batch size a second time), kept to show that the audit catches such a bug.
 """
@@ -14,19 +14,19 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..data import ImageSet
-from ..models.classifiers import group_norm_resnet
-from ..privacy import GaussianMechanism, PrivacyLedger
-from ..privacy.audit import Trial
-from ..privacy.dpsgd import DPSGD, DpsgdSettings
-from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
-from ..privacy.randomness import SecretStream
-from .dp_feta.central import CentralQuery, central_images
-from .dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
-from .dp_merf import released_class_means
-from .feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
-from .pe.histogram import dp_histograms, nearest_neighbour_votes
-from .privimage import semantic_histogram
+from ...data import ImageSet
+from ...models.classifiers import group_norm_resnet
+from .. import GaussianMechanism, PrivacyLedger
+from .harness import Trial
+from ..dpsgd import DPSGD, DpsgdSettings
+from ..mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from ..randomness import SecretStream
+from ...methods.dp_feta.central import CentralQuery, central_images
+from ...methods.dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
+from ...methods.dp_merf import released_class_means
+from ...methods.feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from ...methods.pe.histogram import dp_histograms, nearest_neighbour_votes
+from ...methods.privimage import semantic_histogram
 
 SIGMA, STAGE, RECORDS = 1.0, "audit", 100
 SIDE = 8  # images are 1 x 8 x 8
