@@ -1,0 +1,105 @@
+"""The documentation: the site builds with ``mkdocs build --strict``, the README stays one screen, and every
+command the pages show that runs in under a minute is run, as shown, in the order shown."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpsynth.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+BLOCK = re.compile(r"(<!-- long: (?P<why>[^>]*) -->\n)?```(?P<language>\w*)\n(?P<code>.*?)```", re.DOTALL)
+
+# Commands the pages show that take more than a minute or need what a test machine lacks: why each is not run.
+NOT_RUN = {
+    "dpsynth run": "trains and releases: minutes to hours (tests/test_dpdm.py and the method tests run tiny runs)",
+    "dpsynth bench": "every method in a grid: hours (tests/test_bench.py runs a tiny bench)",
+    "dpsynth pretrain": "trains a model on public data: minutes (tests/test_public_start.py)",
+    "dpsynth evaluate": "Inception features and classifiers: minutes (tests/test_evaluation.py)",
+    "dpsynth doctor --device cuda": "needs a GPU (tests/test_device.py runs the doctor on the CPU)",
+    "dpsynth audit": "10^4-10^5 trials per mechanism: minutes (tests/test_audit.py)",
+    "OMP_NUM_THREADS=1 dpsynth audit": "as dpsynth audit",
+    "torchrun": "several processes running a method (tests/test_distributed.py)",
+    "bash scripts/setup.sh": "installs Debian and PyPI packages (CI runs it)",
+    "python -m pytest": "the test suite itself",
+    "python benchmarks/": "benchmarks: minutes each",
+    "mkdocs": "builds or serves this site (test_the_site_builds_strictly builds it)",
+}
+# A path on the user's machine, or a placeholder to fill in (`[--option]`, `<time>`, RUN_DIR).
+NEEDS_USER_DATA = re.compile(r" /data/|\[--|<\w+>|RUN_DIR|FILE\.npz")
+
+
+def commands(code: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
+    joined = code.replace("\\\n", " ")
+    return [line for line in (" ".join(shlex.split(raw, comments=True)) if raw.strip() else "" for raw in
+                              joined.splitlines()) if line]
+
+
+def normalised(command: str) -> str:
+    return re.sub(r"(^|\s)\.venv/bin/", r"\1", command)
+
+
+def why_not_run(command: str) -> str | None:
+    """Why ``command`` is not run by this test, or None when it is."""
+    command = normalised(command)
+    for prefix, why in NOT_RUN.items():
+        if command.startswith(prefix):
+            return why
+    return "it names a path of the user's or a placeholder" if NEEDS_USER_DATA.search(command) else None
+
+
+def runnable_blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, code) of each block the test runs: shell commands that are not in NOT_RUN, and Python blocks
+    not marked ``<!-- long: why -->``."""
+    blocks = []
+    for match in BLOCK.finditer(page.read_text()):
+        language, code = match["language"], match["code"]
+        if language == "bash":
+            blocks += [("bash", command) for command in commands(code) if why_not_run(command) is None]
+        elif language == "python" and match["why"] is None:
+            blocks.append(("python", code))
+    return blocks
+
+
+def test_the_readme_is_one_screen_and_its_links_lead_to_pages():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 120
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert len(links) >= 10 and all((ROOT / link).is_file() for link in links), links
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
+    assert "dpsgd.noise_multiplicity" in reference and "<!-- config:" not in reference  # generated, not a marker
+
+
+def test_the_pages_show_commands_to_run():
+    shown = {page.name: runnable_blocks(page) for page in PAGES}
+    assert sum(map(len, shown.values())) >= 15, shown  # the parsing finds them
+    unknown = [command for blocks in shown.values() for language, command in blocks
+               if language == "bash" and not normalised(command).startswith("dpsynth ")]
+    assert not unknown, f"commands that are neither run here nor in NOT_RUN with a reason: {unknown}"
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if runnable_blocks(page)],
+                         ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_short_command_on_the_page_runs(page: Path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # files a page makes (a folder of images, an npz) land here
+    namespace: dict = {}
+    for language, code in runnable_blocks(page):
+        if language == "python":
+            exec(compile(code, f"{page.name} python block", "exec"), namespace)  # noqa: S102  our own docs
+        else:
+            status = main(shlex.split(normalised(code))[1:])
+            assert status == 0, f"{page.name}: `{code}` exited with {status}: {capsys.readouterr().err}"
