@@ -184,16 +184,17 @@ def test_a_classifier_ema_changes_what_is_scored_not_how_the_weights_train(digit
 
 
 @pytest.mark.slow
-def test_cnn_trained_on_10k_real_fashion_mnist_reaches_88_percent():
+def test_cnn_trained_as_the_evaluation_trains_it_on_5k_real_fashion_mnist_reaches_87_percent():
+    """The evaluation's recipe (10 epochs on a release of 5,000) on 5,000 real images: 87.8 % measured."""
     dataset = load_dataset("fashion-mnist")
-    train = ImageSet(dataset.train.images[:10000], dataset.train.labels[:10000])
+    train = ImageSet(dataset.train.images[:5000], dataset.train.labels[:5000])
     torch.manual_seed(0)
     model = build_classifier("cnn", 1, 10)
     settings = TrainingSettings(epochs=10, batch_size=128, lr=3e-3)
     train_epochs(model, train.images, train.labels, settings, torch.device("cpu"), torch.Generator().manual_seed(0),
                  lambda trained: None, "cnn")
     accuracy = correct_count(model, dataset.test.images, dataset.test.labels, torch.device("cpu")) / len(dataset.test)
-    assert accuracy >= 0.88
+    assert accuracy >= 0.87
 
 
 def test_evaluate_an_npz_from_the_command_line(tmp_path, digits, capsys, evaluation_ledgers):
