@@ -5,7 +5,7 @@ A diagnostic for the data holder (it reads the private training split; print it,
 apart a release whose images look real but carry the wrong class (good FID, poor downstream accuracy) from one
 whose images are poor.
 
-    python benchmarks/label_agreement.py benchmarks/results/cpu-issue31/runs/*-eps10 benchmarks/results/cpu-issue31/runs/*-eps1
+    cd benchmarks/results/cpu-issue31/runs && python ../../../label_agreement.py *-eps10 *-eps1
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def main() -> None:
     train_epochs(judge, data.train.images, data.train.labels, TrainingSettings(args.epochs, 128, 1e-3), device,
                  torch.Generator().manual_seed(0), lambda model: None, "judge")
     test_accuracy = correct_count(judge, data.test.images, data.test.labels, device) / len(data.test)
-    print(f"judge: cnn, {args.epochs} epochs on {len(data.train)} real images, test accuracy {100 * test_accuracy:.1f} %"
-          f" ({time.perf_counter() - started:.0f} s)")
+    print(f"judge: cnn, {args.epochs} epochs on {len(data.train)} real images, "
+          f"test accuracy {100 * test_accuracy:.1f} % ({time.perf_counter() - started:.0f} s)")
     print("| run | images | label agreement | per class |\n| --- | --- | --- | --- |")
     for path in args.runs:
         release = load_release(RunDirectory(path).file(RELEASE), data.info).image_set()

@@ -414,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dpsynth: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        print(f"dpsynth: interrupted; {_how_to_continue(args.command, getattr(interrupt, 'run_directory', None))}", file=sys.stderr)
+        where = getattr(interrupt, "run_directory", None)
+        print(f"dpsynth: interrupted; {_how_to_continue(args.command, where)}", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

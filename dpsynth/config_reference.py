@@ -33,15 +33,17 @@ def config_reference() -> str:
 
 
 def config_table(name: str) -> str:
-    """``reference``: :func:`config_reference`; ``shared``: every shared key and its default; a method's name: every key of its sections and every shared
-    key its presets change, with the default and each preset's value where the preset sets one."""
+    """``reference``: :func:`config_reference`; ``shared``: every shared key and its default; a method's name:
+    every key of its sections and every shared key its presets change, with the default and each preset's value
+    where the preset sets one."""
     if name == "reference":
         return config_reference()
     if name == "shared":
         rows = [f"| `{key}` | {_shown(get_value(BASE_CONFIG, key))} |" for key in flat_keys(BASE_CONFIG)]
         return "\n".join(["| key | default |", "| --- | --- |", *rows])
     if name not in METHODS:
-        raise ConfigError(f"config table: unknown method {name!r}; known: reference, shared, {', '.join(sorted(METHODS))}")
+        raise ConfigError(f"config table: unknown method {name!r}; known: reference, shared, "
+                          f"{', '.join(sorted(METHODS))}")
     method = METHODS[name]
     presets = list(method.presets)
     keys = flat_keys(method.sections)

@@ -15,7 +15,7 @@ from .config import BASE_CONFIG, Config, build_config, set_value
 from .data import Dataset
 from .data.fingerprints import check_disjoint
 from .distributed import World
-from .errors import ConfigError, DpsynthError, PrivacyError
+from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, evaluation_ledger, load_release
 from .hardware import hardware_choices, thread_governor
 from .methods import get_method
@@ -101,6 +101,8 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the command line names the directory to resume
         interrupt.run_directory = run.path  # type: ignore[attr-defined]
         raise
+    except OutOfMemory as error:
+        raise error.in_run(run.path) from None
     return run
 
 
@@ -200,10 +202,13 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     dataset = dataset or dataset_from_config(config)
     accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
     ledger = run.ledger()
-    metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
-                               dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
-                               delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
-                               run.method_metrics())
+    try:
+        metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
+                                   dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
+                                   delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
+                                   run.method_metrics())
+    except OutOfMemory as error:
+        raise error.in_run(run.path) from None
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
                              get_method(config["method"])(config), config)
     run.write_privacy_report(report)

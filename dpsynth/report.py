@@ -193,7 +193,8 @@ def _curves_section(path: Path) -> str:
     curves = log_curves_png(path) if path.exists() else None
     if curves is None:
         return "<h2>Training curves</h2><p>The run logged no per-step values.</p>"
-    return f"<h2>Training curves</h2><p>Per-step values from <code>{LOG}</code>.</p>" + _image(curves, "training curves")
+    return (f"<h2>Training curves</h2><p>Per-step values from <code>{LOG}</code>.</p>"
+            + _image(curves, "training curves"))
 
 
 def _files_section(run: RunDirectory) -> str:
@@ -204,7 +205,8 @@ def _files_section(run: RunDirectory) -> str:
         inside = sorted(entry.iterdir()) if entry.is_dir() else [entry]
         shared = entry.name == RELEASE
         for item in inside:
-            size = sum(f.stat().st_size for f in item.rglob("*") if f.is_file()) if item.is_dir() else item.stat().st_size
+            files = [path for path in item.rglob("*") if path.is_file()] if item.is_dir() else [item]
+            size = sum(path.stat().st_size for path in files)
             name = item.relative_to(run.path).as_posix() + ("/" if item.is_dir() else "")
             rows.append([f"<code>{_text(name)}</code>", f"{size / 1024:,.1f} KiB",
                          "<strong>release: may be shared</strong>" if shared else "private"])

@@ -53,7 +53,8 @@ def test_privacy_plan_human_readable(capsys):
 
 
 def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(capsys):
-    plan = ["privacy", "dp-imgsyn", "--dataset", "digits", "--epsilon", "1", "--json", "--set", "privacy.accountant=rdp"]
+    plan = ["privacy", "dp-imgsyn", "--dataset", "digits", "--epsilon", "1", "--json",
+            "--set", "privacy.accountant=rdp"]
     code, natural, _ = run_cli(capsys, *plan)
     assert code == 0
     code, digits, err = run_cli(capsys, *plan, "--public", "mnist-5k")

@@ -20,7 +20,7 @@ from dpsynth.cli import main
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import SAMPLERS
 from dpsynth.doctor import COMMON, TINY, _CrashAfterCheckpoint, _Interrupted
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import OutOfMemory
 from dpsynth.methods import METHODS
 from dpsynth.models import build_unet
 from dpsynth.pipeline import execute
@@ -89,11 +89,14 @@ def test_every_random_draw_names_a_cpu_generator():
     assert [f"{path.name}:{call.lineno}" for path, call in _calls("Generator") if call.args or call.keywords] == []
 
 
-def test_running_out_of_memory_names_the_setting_to_lower():
-    with pytest.raises(DpsynthError, match=r"lower dpsgd.physical_batch_size \(now 64.*--set "
-                                           r"dpsgd.physical_batch_size=32"):
+def test_running_out_of_memory_names_the_setting_to_lower_and_the_run_to_resume():
+    with pytest.raises(OutOfMemory, match=r"lower dpsgd.physical_batch_size \(now 64.*--set "
+                                          r"dpsgd.physical_batch_size=32") as caught:
         with memory_limited_by("dpsgd.physical_batch_size", 64, "taking DP-SGD steps"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    named = str(caught.value.in_run("runs/dpdm-cifar10-eps10-20261125-120000"))  # as the pipeline re-raises it
+    assert "e.g. dpsynth run --resume runs/dpdm-cifar10-eps10-20261125-120000 --set dpsgd.physical_batch_size=32" \
+        in named and "RUN_DIR" not in named
 
 
 def test_doctor_passes_every_method_on_the_cpu_and_each_run_has_its_report(capsys: pytest.CaptureFixture[str],

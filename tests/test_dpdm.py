@@ -78,7 +78,8 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     assert [image["alt"] for image in shown["images"]][-2:] == [
         "synthetic images above their nearest real training images", "training curves"]
     assert "30 synthetic vs 30 real (train split)" in shown["text"] and "Not evaluated yet" not in shown["text"]
-    assert re.search(r"accuracy, cnn\s+[\d.]+ ± 0.00 %\s+trained on 30 synthetic, tested on \d+ real test", shown["text"])
+    assert re.search(r"accuracy, cnn\s+[\d.]+ ± 0.00 %\s+trained on 30 synthetic, tested on \d+ real test",
+                     shown["text"])
 
 
 @pytest.mark.slow

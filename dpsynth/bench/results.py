@@ -123,7 +123,8 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
              "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
     header = (["method", "target ε", "ε spent", "FID (FID∞)", "KID", "precision", "recall"]
               + [f"acc. {name}" for name in classifiers]
-              + ["synthesis min (CPU)", "public pre-training min", "evaluation min (CPU)", "peak memory GiB", "privacy split", "status"])
+              + ["synthesis min (CPU)", "public pre-training min", "evaluation min (CPU)", "peak memory GiB",
+                 "privacy split", "status"])
     for dataset in dict.fromkeys(row["dataset"] for row in rows):
         lines += [f"## {dataset}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for row in (r for r in rows if r["dataset"] == dataset):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..errors import DpsynthError
+from ..errors import OutOfMemory
 
 
 def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
@@ -25,12 +25,9 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 @contextlib.contextmanager
 def memory_limited_by(setting: str, value: object, doing: str, retry: str = "dpsynth run --resume RUN_DIR"
                       ) -> Iterator[None]:
-    """Turn running out of memory while ``doing`` into a DpsynthError naming ``setting`` to lower and the
-    command (``retry``) that continues with a lower value."""
+    """Turn running out of memory while ``doing`` into an :class:`OutOfMemory` error naming ``setting`` to lower
+    and the command (``retry``) that continues with a lower value."""
     try:
         yield
     except torch.OutOfMemoryError:
-        lower = max(1, value // 2) if isinstance(value, int) else value
-        raise DpsynthError(f"out of memory while {doing}: lower {setting} (now {value}; it changes neither the "
-                           "privacy guarantee nor, beyond float rounding, what is learnt), e.g. "
-                           f"{retry} --set {setting}={lower}; a run keeps its last checkpoint") from None
+        raise OutOfMemory(doing, setting, value, retry) from None

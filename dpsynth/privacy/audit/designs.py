@@ -15,18 +15,18 @@ import torch
 from torch import nn
 
 from ...data import ImageSet
-from ...models.classifiers import group_norm_resnet
-from .. import GaussianMechanism, PrivacyLedger
-from .harness import Trial
-from ..dpsgd import DPSGD, DpsgdSettings
-from ..mechanisms import clip_rows, gaussian_noise, report_noisy_max
-from ..randomness import SecretStream
 from ...methods.dp_feta.central import CentralQuery, central_images
 from ...methods.dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
 from ...methods.dp_merf import released_class_means
 from ...methods.feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from ...methods.pe.histogram import dp_histograms, nearest_neighbour_votes
 from ...methods.privimage import semantic_histogram
+from ...models.classifiers import group_norm_resnet
+from .. import GaussianMechanism, PrivacyLedger
+from ..dpsgd import DPSGD, DpsgdSettings
+from ..mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from ..randomness import SecretStream
+from .harness import Trial
 
 SIGMA, STAGE, RECORDS = 1.0, "audit", 100
 SIDE = 8  # images are 1 x 8 x 8
