@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, finished_run, privacy_report
+from conftest import assert_killed_run_resumes_to, assert_report_matches, finished_run, privacy_report
 from diffusers import DDPMScheduler
 
 from dpsynth.diffusion import Diffusion
@@ -78,6 +78,9 @@ def test_non_private_teacher_needs_the_flag_and_then_yields_no_epsilon_anywhere(
     stages = PrivacyLedger.load(run / "ledger.json").stages()
     assert stages["teacher"] == [NonPrivateAccess(11)]
     assert isinstance(stages["student"][0], SubsampledGaussianMechanism)
+    shown = assert_report_matches(run)  # its page says so too, and draws no epsilon chart
+    assert "NO differential-privacy guarantee: ε = none." in shown["text"]
+    assert "epsilon per stage" not in [image["alt"] for image in shown["images"]]
 
 
 @pytest.mark.parametrize("prediction", ["epsilon", "v"])
