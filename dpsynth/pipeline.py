@@ -1,10 +1,11 @@
 """Running a method end to end in a run directory: plan, fit, check the budget, release."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +92,27 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
     privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases."""
     world = world or World()
-    try:
+    with _naming(run):
         try:
             method, context, budget = _fit(run, dataset, budget, world)
         finally:
             world.close()
         if world.is_main:
             _release(run, method, context, budget)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the command line names the directory to resume
+    return run
+
+
+@contextlib.contextmanager
+def _naming(run: RunDirectory) -> Iterator[None]:
+    """Stops that tell the user how to continue name the run's directory: Ctrl-C or SIGTERM (the command line
+    reads ``run_directory``) and running out of memory."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
         interrupt.run_directory = run.path  # type: ignore[attr-defined]
         raise
     except OutOfMemory as error:
         raise error.in_run(run.path) from None
-    return run
 
 
 def _restored(run: RunDirectory, world: World) -> tuple[dict[str, Any] | None, PrivacyLedger]:
@@ -202,13 +211,11 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     dataset = dataset or dataset_from_config(config)
     accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
     ledger = run.ledger()
-    try:
+    with _naming(run):
         metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
                                    dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
                                    delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
                                    run.method_metrics())
-    except OutOfMemory as error:
-        raise error.in_run(run.path) from None
     report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
                              get_method(config["method"])(config), config)
     run.write_privacy_report(report)
