@@ -131,10 +131,11 @@ def _stages(stages: list[dict[str, Any]], budget: str) -> str:
 
 def _epsilon_chart(stages: list[dict[str, Any]]) -> bytes:
     """A horizontal bar per stage: its share of ε, labelled."""
-    from matplotlib import pyplot as plt
+    from matplotlib.figure import Figure
 
     names, shares = [stage["name"] for stage in stages], [stage["epsilon_share"] for stage in stages]
-    figure, axis = plt.subplots(figsize=(7, 0.5 + 0.45 * len(stages)))
+    figure = Figure(figsize=(7, 0.5 + 0.45 * len(stages)))
+    axis = figure.subplots()
     bars = axis.barh(names[::-1], shares[::-1], color="#4a78b0")
     axis.bar_label(bars, labels=[f"{share:.3f}" for share in shares[::-1]], padding=3)
     axis.set(xlabel="ε share (adds up to the run's ε)", xlim=(0, 1.15 * max(max(shares), 1e-9)))

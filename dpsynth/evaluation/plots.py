@@ -48,12 +48,10 @@ def log_curves_png(log_path: str | Path) -> bytes | None:
                 series.setdefault((record["event"], key), []).append((record["step"], value))
     if not series:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3), squeeze=False)
+    figure = Figure(figsize=(4 * len(series), 3))
+    axes = figure.subplots(1, len(series), squeeze=False)
     for axis, ((event, key), points) in zip(axes[0], series.items(), strict=True):
         steps, values = zip(*points, strict=True)
         axis.plot(steps, values)
@@ -62,13 +60,10 @@ def log_curves_png(log_path: str | Path) -> bytes | None:
 
 
 def figure_png(figure: Any) -> bytes:
-    """A matplotlib figure as PNG bytes (the figure is closed)."""
-    from matplotlib import pyplot as plt
-
+    """A matplotlib ``Figure`` (made without pyplot, so no GUI backend is involved) as PNG bytes."""
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
     return buffer.getvalue()
 
 
