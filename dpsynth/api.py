@@ -3,26 +3,35 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .errors import ConfigError, DpsynthError, PrivacyWarning
+from .data.registry import train_size
+from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
 from .privacy import (
     ACCOUNTANTS,
     Accountant,
     Event,
+    GaussianMechanism,
+    PlannedStage,
     budget_report,
     default_delta,
     non_private_stages,
     plan_budget,
 )
 from .privacy.accountant import check_delta, check_epsilon
+from .privacy.mechanisms import noisy_count
+from .privacy.randomness import SecretStream, stream_key
+
+# The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
+SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
+SIZE_CHOICES = ("auto", "noisy")
 
 
 def resolve_config(
@@ -54,13 +63,17 @@ def validate_config(config: Config) -> None:
     if privacy["delta"] is not None:
         check_delta(privacy["delta"])
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
+    size = privacy.get("dataset_size", "auto")
+    if size not in SIZE_CHOICES and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ConfigError(f"privacy.dataset_size must be auto, noisy or a positive whole number (the images of the "
+                          f"private data set, made public), got {size!r}")
     get_source(config["dataset"]["name"])
     hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false
     check_threads(config["run"].get("threads", AUTO))
 
 
 # Keys whose default (None: off) keeps the behaviour of runs configured before they existed.
-KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from")
+KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "privacy.dataset_size", "privacy.noisy_dataset_size")
 
 
 def check_stored_config(config: Config, source: str) -> None:
@@ -81,13 +94,51 @@ def check_stored_config(config: Config, source: str) -> None:
 
 
 def dataset_from_config(config: Config) -> Dataset:
-    """Load and split the dataset that ``config['dataset']`` describes."""
+    """Load and split the dataset that ``config['dataset']`` describes, its public size set by
+    :func:`with_public_size`."""
     settings = config["dataset"]
-    return load_dataset(
+    return with_public_size(config, load_dataset(
         settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
         split_seed=settings["split_seed"], resolution=settings["resolution"], channels=settings["channels"],
         num_classes=settings.get("num_classes"), num_images=settings.get("num_images"),
-    )
+    ))
+
+
+def with_public_size(config: Config, dataset: Dataset) -> Dataset:
+    """``dataset`` with the public size of its training split under ``privacy.dataset_size``: ``auto``, the
+    published size of a standard set, else a noisy count; ``noisy``, a noisy count always (once a run drew it:
+    ``privacy.noisy_dataset_size``; until then the size stays private); a number, the declared size of the whole
+    set, from which the training split's follows as the split rules take it."""
+    privacy, info = config.get("privacy", {}), dataset.info
+    rule = privacy.get("dataset_size", "auto")
+    if rule == "auto" and info.size_rule == "published":
+        return dataset
+    total, how = (rule, "declared") if rule not in SIZE_CHOICES else (privacy.get("noisy_dataset_size"), "noisy")
+    if total is None:
+        return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
+    source, settings = get_source(info.name), config["dataset"]
+    try:
+        size = train_size(int(total), source.val_size if settings["val_size"] is None else settings["val_size"],
+                          source.test_size if settings["test_size"] is None else settings["test_size"],
+                          info.official_test, f"{info.name} (privacy.dataset_size {how}: {total})")
+    except DataError as exc:
+        hint = (f"; the noisy count of a set this small (its size plus N(0, {SIZE_NOISE:g}^2)) leaves too little: "
+                "declare its size public instead (--set privacy.dataset_size=N)") if how == "noisy" else ""
+        raise DataError(f"{exc}{hint}") from None
+    return replace(dataset, info=replace(info, public_train=size, size_rule=how))
+
+
+def draws_noisy_size(info: DatasetInfo) -> bool:
+    """Whether a run on ``info`` releases its size as a noisy count (drawn already, or still to draw)."""
+    return info.size_rule in ("noisy", "private")
+
+
+def noisy_total(dataset: Dataset, seed: int | None) -> int:
+    """The number of images of ``dataset`` (all splits but an official test part) plus N(0, SIZE_NOISE^2), rounded,
+    from a stream of its own (the caller records :data:`SIZE_STAGE`)."""
+    exact = sum(size for split, size in dataset.info.split_sizes.items()
+                if split != "test" or not dataset.info.official_test)
+    return noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(seed, SIZE_STAGE)))
 
 
 def resolve_delta(config: Config, num_train: int) -> float:
@@ -103,12 +154,14 @@ def resolve_delta(config: Config, num_train: int) -> float:
 
 @dataclass(frozen=True)
 class BudgetPlan:
-    """A run's accountant, delta, target epsilon and each stage's events (calibrated noise filled in)."""
+    """A run's accountant, delta, target epsilon and each stage's events (calibrated noise filled in), planned
+    for a training split of ``size`` records."""
 
     accountant: Accountant
     delta: float
     target: float
     stages: dict[str, list[Event]]
+    size: int
 
 
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
@@ -117,9 +170,10 @@ def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
-    stages = plan_budget(method.privacy_stages(info), target, delta, accountant)
+    size = [PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else []
+    stages = plan_budget(size + method.privacy_stages(info), target, delta, accountant)
     check_non_private(config, stages)
-    return BudgetPlan(accountant, delta, target, stages)
+    return BudgetPlan(accountant, delta, target, stages, info.num_train)
 
 
 def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
@@ -138,4 +192,5 @@ def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
     """The run's privacy plan: each stage's noise (one calibrated) and share of the target epsilon."""
     plan = plan_budget_for(config, info)
     report = budget_report(plan.stages, plan.accountant, plan.delta)
-    return {"target_epsilon": plan.target, "dataset_size": info.num_train, **report}
+    return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
+            **report}

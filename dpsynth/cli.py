@@ -44,6 +44,8 @@ def _data_info(args: argparse.Namespace) -> None:
     print(f"classes:  {info.num_classes}: {', '.join(info.class_names)}")
     sizes = ", ".join(f"{name} {count}" for name, count in info.split_sizes.items())
     print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
+    print(f"planning: {f'N = {info.num_train}, ' if info.size_rule != 'private' else ''}"
+          f"{SIZE_WORDS[info.size_rule]} (privacy.dataset_size)")
 
 
 def _number(value: float | None, width: int) -> str:
@@ -51,10 +53,14 @@ def _number(value: float | None, width: int) -> str:
     return f"{value:>{width}.4f}" if value is not None else f"{'none':>{width}}"
 
 
+SIZE_WORDS = {"published": "published size", "declared": "declared public", "noisy": "a noisy count",
+              "private": "exact, private: a run plans with a noisy count near it"}
+
+
 def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
-        f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}), "
-        f"preset {config['preset']}, accountant {plan['accountant']}",
+        f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}, "
+        f"{SIZE_WORDS[plan['dataset_size_rule']]}), preset {config['preset']}, accountant {plan['accountant']}",
         f"target epsilon = {plan['target_epsilon']:g} at delta = {plan['delta']:.3g}",
         f"{'stage':<20}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"
         f"{'eps share':>11}{'eps alone':>11}",
@@ -353,7 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("path", help="a run directory, or a synthetic .npz (arrays images, labels[, soft_labels])")
     evaluate.add_argument("--dataset", help="for an .npz: the dataset it imitates (default fashion-mnist)")
     evaluate.add_argument("--data-dir", help="for an .npz: where to read that dataset from")
-    evaluate.add_argument("--out", help="for an .npz: output folder (default <file stem>-evaluation beside it)")
+    evaluate.add_argument("--out", help="for an .npz: output folder (default <file stem>-evaluation beside it, or in "
+                          "the run directory for a file in a run's release/ folder, where nothing else may be "
+                          "written)")
     evaluate.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(evaluate)
     evaluate.set_defaults(handler=_evaluate)

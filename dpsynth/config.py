@@ -24,7 +24,8 @@ BASE_CONFIG: Config = {
         "num_classes": None,
         "num_images": None,
     },
-    "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld"},
+    "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld", "dataset_size": "auto",
+                "noisy_dataset_size": None},
     "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},
     "sampling": {"num_samples": 60000, "batch_size": 500, "bf16": "auto", "compile": "auto"},
     "evaluation": {

@@ -70,8 +70,9 @@ class _Interrupted(Exception):
 class _CrashAfterCheckpoint(RunDirectory):
     """A run directory whose run stops right after saving a checkpoint that covers a recorded mechanism."""
 
-    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
-        super().save_checkpoint(state, ledger)
+    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger, settings: dict[str, Any] | None = None
+                        ) -> None:
+        super().save_checkpoint(state, ledger, settings)
         if ledger.events():
             raise _Interrupted
 

@@ -11,20 +11,41 @@ from typing import Any
 
 import torch
 
-from .api import BudgetPlan, PrivacyWarning, check_stored_config, dataset_from_config, plan_budget_for, resolve_delta
-from .config import BASE_CONFIG, Config, build_config, set_value
-from .data import Dataset
+from .api import (
+    SIZE_NOISE,
+    SIZE_STAGE,
+    BudgetPlan,
+    PrivacyWarning,
+    check_stored_config,
+    dataset_from_config,
+    noisy_total,
+    plan_budget_for,
+    resolve_delta,
+    with_public_size,
+)
+from .config import BASE_CONFIG, Config, build_config, flat_keys, get_value, set_value
+from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
 from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
-from .evaluation import EvaluationSettings, evaluate_release, evaluation_ledger, load_release
+from .evaluation import EvaluationSettings, evaluate_release, load_release, selection_ledger
 from .hardware import hardware_choices, thread_governor
 from .methods import get_method
 from .methods.base import Method, RunContext
-from .privacy import Accountant, PrivacyLedger, budget_report, check_within_plan, ledger_report, non_private_stages
+from .privacy import (
+    Accountant,
+    GaussianMechanism,
+    PrivacyLedger,
+    budget_report,
+    check_within_plan,
+    ledger_report,
+    non_private_stages,
+)
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .report import write_run_report
-from .runs import CONFIG, LOG, PRIVACY, SYNTHETIC, RunDirectory
+from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, RunDirectory, inside_release
+
+NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
 
 def pick_device(name: str) -> torch.device:
@@ -68,13 +89,25 @@ RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "api.batc
                    "*.physical_batch_size")
 
 
+def _resume_setting(key: str) -> bool:
+    """Whether a resumed run may change ``key`` (one of :data:`RESUME_SETTINGS`)."""
+    return key in RESUME_SETTINGS or (key.endswith(".physical_batch_size") and key.count(".") == 1)
+
+
+def fixed_settings(config: Config) -> dict[str, Any]:
+    """Every key of ``config`` a resumed run must keep (all but :data:`RESUME_SETTINGS`, the evaluation's and
+    the machine's), with its value: each checkpoint stores them, and a resume whose config.yaml differs stops."""
+    return {key: get_value(config, key) for key in flat_keys(config)
+            if not (_resume_setting(key) or key.startswith(("evaluation.", "hardware.")) or key == "run.out_dir")}
+
+
 def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory:
     """Continue the run in ``path`` from its last checkpoint (ledger and RNG included), with ``overrides`` of
     :data:`RESUME_SETTINGS` (written to its config.yaml and log)."""
     run = resumable(path)
     config, overrides = run.config(), list(overrides)
     for key, value in overrides:
-        if key not in RESUME_SETTINGS and not (key.endswith(".physical_batch_size") and key.count(".") == 1):
+        if not _resume_setting(key):
             raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(RESUME_SETTINGS)} (where and "
                               "in what chunks it computes); the rest of its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
@@ -115,10 +148,12 @@ def _naming(run: RunDirectory) -> Iterator[None]:
         raise error.in_run(run.path) from None
 
 
-def _restored(run: RunDirectory, world: World) -> tuple[dict[str, Any] | None, PrivacyLedger]:
-    """Rank 0's restored checkpoint state and ledger on every rank (the others' ledger is in memory only)."""
+def _restored(run: RunDirectory, world: World, settings: dict[str, Any]
+              ) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+    """Rank 0's restored checkpoint state and ledger on every rank (the others' ledger is in memory only);
+    DpsynthError naming the key when the config's ``settings`` differ from the checkpoint's."""
     if world.is_main:
-        state, ledger = run.restore()
+        state, ledger = run.restore(settings)
         world.broadcast_object((state, ledger.to_dict()))
         return state, ledger
     received: tuple[dict[str, Any] | None, dict[str, Any]] = world.broadcast_object(None)
@@ -128,15 +163,21 @@ def _restored(run: RunDirectory, world: World) -> tuple[dict[str, Any] | None, P
 def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World
          ) -> tuple[Method, RunContext, BudgetPlan]:
     """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit."""
-    config = world.broadcast_object(run.config() if world.is_main else None)
-    dataset = dataset or dataset_from_config(config)
+    if world.is_main:
+        dataset = dataset or dataset_from_config(run.config())
+    config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
+    dataset = with_public_size(config, dataset or dataset_from_config(config))
     method = get_method(config["method"])(config)
-    budget = budget or plan_budget_for(config, dataset.info)
+    if budget is None or budget.size != dataset.info.num_train:
+        budget = plan_budget_for(config, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
-    state, ledger = _restored(run, world)
+    settings = fixed_settings(config)
+    state, ledger = _restored(run, world, settings)
     allow_non_private = bool(config["run"]["allow_non_private"])
     ledger.check = lambda stages: check_within_plan(stages, plan, allow_non_private)  # before each mechanism runs
     check_within_plan(ledger.stages(), plan, allow_non_private)  # a restored ledger too
+    if SIZE_STAGE in plan and SIZE_STAGE not in ledger.stages():  # drawn by _with_size, before the first checkpoint
+        ledger.record(SIZE_STAGE, GaussianMechanism(SIZE_NOISE))
     if world.is_main:
         run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
                 processes=world.size)
@@ -149,9 +190,24 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     if world.is_main:
         run.record_hardware(hardware_choices(config, device))
     context = RunContext(dataset, run, plan, ledger, accountant, delta, device, secret_generator(keys["training"]),
-                         SecretStream(keys["noise"]), state, world, allow_non_private, governor)
+                         SecretStream(keys["noise"]), state, world, allow_non_private, governor, settings=settings)
     method.fit(context)
     return method, context, budget
+
+
+def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
+    """The run's config, with a noisy count of the private set's size drawn and written to config.yaml
+    (``privacy.noisy_dataset_size``) when the size is not public and none was drawn yet."""
+    config = run.config()
+    if with_public_size(config, dataset).info.size_rule != "private":
+        return config
+    if run.file(CHECKPOINT).exists():
+        raise DpsynthError(f"{run.path}: this run was started by a dpsynth that planned with the exact size of "
+                           "private data; it cannot resume under the rule that keeps that size private: start it "
+                           "again")
+    config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config["run"]["seed"])
+    run.write_config(config)
+    return config
 
 
 def user_seed(config: Config) -> int | None:
@@ -169,13 +225,14 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     check_within_plan(ledger.stages(), budget.stages, bool(config["run"]["allow_non_private"]), complete=True)
-    report = _privacy_report(ledger, accountant, delta, target, dataset.info.num_train, method, config)
+    report = _privacy_report(ledger, accountant, delta, target, dataset.info, method, config)
     release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
     start = time.perf_counter()
     images, labels, soft = method.generate(config["sampling"]["num_samples"], release_stream)
     seconds = round(time.perf_counter() - start, 1)
     run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
     run.write_privacy_report(report)
+    run.forget_noise_keys()
     write_run_report(run)
     run.log("released", epsilon=report["epsilon"], samples=len(labels), sampling_seconds=seconds,
             **method.sampling_report, **_cuda_peak(context.device))
@@ -204,21 +261,23 @@ def _evaluation_config(config: Config, overrides: Iterable[tuple[str, Any]]) -> 
 
 def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), dataset: Dataset | None = None,
                  device: torch.device | None = None) -> dict[str, Any]:
-    """Evaluate a run's release into its directory; model selection is added to its ledger and privacy.json."""
+    """Evaluate a run's release into its directory; model selection is recorded in the validation split's ledger
+    (:func:`~dpsynth.evaluation.release.selection_ledger`), whose total privacy.json shows beside the run's."""
     if not run.file(SYNTHETIC).is_file():
         raise DpsynthError(f"{run.path}: no {SYNTHETIC} yet; finish the run first (dpsynth run --resume {run.path})")
     config = _evaluation_config(run.config(), overrides)
     dataset = dataset or dataset_from_config(config)
     accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
-    ledger = run.ledger()
+    selection = selection_ledger(dataset, config["dataset"]["split_seed"])
     with _naming(run):
         metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
-                                   dataset, EvaluationSettings.from_config(config["evaluation"]), ledger, accountant,
-                                   delta, run.path, device or pick_device(config["run"]["device"]), run.file(LOG),
-                                   run.method_metrics())
-    report = _privacy_report(ledger, accountant, delta, float(config["privacy"]["epsilon"]), dataset.info.num_train,
+                                   dataset, EvaluationSettings.from_config(config["evaluation"]), selection,
+                                   accountant, delta, run.path, device or pick_device(config["run"]["device"]),
+                                   run.file(LOG), run.method_metrics())
+    report = _privacy_report(run.ledger(), accountant, delta, float(config["privacy"]["epsilon"]), dataset.info,
                              get_method(config["method"])(config), config)
-    run.write_privacy_report(report)
+    evaluation = ledger_report(selection, accountant, delta).get("evaluation")
+    run.write_privacy_report({**report, "evaluation": evaluation} if evaluation else report)
     write_run_report(run)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
             **_cuda_peak(device or pick_device(config["run"]["device"])))
@@ -229,17 +288,22 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
                   ) -> tuple[dict[str, Any], Path]:
     """Evaluate a synthetic .npz against ``dataset.*`` from ``overrides``; outputs go to ``out_dir``.
 
-    The default ``out_dir`` is ``<file stem>-evaluation`` beside the file. The model-selection mechanisms
-    (evaluation budget) go to the release's own ledger, kept by the hash of its contents
-    (:func:`~dpsynth.evaluation.release.evaluation_ledger`), so they accumulate over every evaluation of
-    that release, whatever folder each one writes to.
+    The default ``out_dir`` is ``<file stem>-evaluation`` beside the file, or in the run directory when the file
+    lies in a run's ``release/`` folder: the outputs show real images, and nothing but the release step writes
+    there (ConfigError for an ``out_dir`` inside one). The model-selection mechanisms (evaluation budget) go to
+    the validation split's ledger (:func:`~dpsynth.evaluation.release.selection_ledger`), so they accumulate over
+    every evaluation that selects on the same private records.
     """
     path = Path(path)
     config = build_config({}, {}, "none", overrides)
     dataset = dataset_from_config(config)
-    out = Path(out_dir) if out_dir is not None else path.with_name(f"{path.stem}-evaluation")
+    run = inside_release(path)
+    out = Path(out_dir) if out_dir is not None else (run or path.parent) / f"{path.stem}-evaluation"
+    if inside_release(out) is not None:
+        raise ConfigError(f"--out {out}: that is inside a run's {RELEASE}/ folder, which holds only what may be "
+                          "shared; the evaluation shows real training images: give --out a folder outside it")
     release = load_release(path, dataset.info)
-    ledger = evaluation_ledger(release)
+    ledger = selection_ledger(dataset, config["dataset"]["split_seed"])
     accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
     metrics = evaluate_release(release, dataset,
                                EvaluationSettings.from_config(config["evaluation"]), ledger, accountant, delta, out,
@@ -248,18 +312,24 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,
-                    num_train: int, method: Method, config: Config) -> dict[str, Any]:
+                    info: DatasetInfo, method: Method, config: Config) -> dict[str, Any]:
     """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover
-    and whether the noise was seeded by the user (then recomputable)."""
+    and whether the noise was seeded by the user (then recomputable). The neighbouring relation is adding or
+    removing one record; the training set's size shown is the public one planning used (PrivacyError if there is
+    none: the exact size of private data is never released)."""
+    if info.size_rule == "private":
+        raise PrivacyError("the training set's size is not public (no published, declared or noisy size): it "
+                           "cannot be shown in a release; nothing is released")
     seeded = "user-set" if config["run"]["seed"] is not None else "secret"
+    size = {"neighbouring": NEIGHBOURING, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule}
     report = {**ledger_report(ledger, accountant, delta), "noise_seed": seeded}
     if not report["dp_guarantee"]:  # allowed by run.allow_non_private when planned
         unprotected = ", ".join(non_private_stages(ledger.stages()))
-        return {"target_epsilon": None, "dataset_size": num_train, **report,
+        return {"target_epsilon": None, **size, **report,
                 "no_guarantee": f"stage(s) {unprotected} used the private data without noise: no epsilon covers "
                                 "this release, whatever noise the other stages added"}
     if report["epsilon"] > target * (1 + 1e-6):
         raise PrivacyError(f"the ledger spends epsilon = {report['epsilon']:.4f}, over the target {target:g}: "
                            "nothing is released")
     uncovered = {"not_covered_by_epsilon": method.non_private_outputs()} if method.non_private_outputs() else {}
-    return {"target_epsilon": target, "dataset_size": num_train, **report, **uncovered}
+    return {"target_epsilon": target, **size, **report, **uncovered}

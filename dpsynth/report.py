@@ -96,8 +96,8 @@ def _privacy_section(privacy: dict[str, Any]) -> str:
     if privacy["dp_guarantee"]:
         parts.append(f'<p class="guarantee">({_text("ε, δ")})-differential privacy with ε = '
                      f'<strong id="epsilon">{privacy["epsilon"]:.4f}</strong> (target {privacy["target_epsilon"]:g}), '
-                     f'δ = {privacy["delta"]:.3g}, for adding or removing one record of the '
-                     f'{privacy["dataset_size"]:,} training images; accountant {_text(privacy["accountant"])}.</p>')
+                     f'δ = {privacy["delta"]:.3g}, for adding or removing one record of the training images '
+                     f'({_size(privacy)}); accountant {_text(privacy["accountant"])}.</p>')
     else:
         parts.append(f'<p class="warning">NO differential-privacy guarantee: ε = <strong id="epsilon">none</strong>. '
                      f'{_text(privacy["no_guarantee"])}</p>')
@@ -109,10 +109,21 @@ def _privacy_section(privacy: dict[str, Any]) -> str:
     parts.append(_stages(privacy["stages"], "synthesis"))
     if "evaluation" in privacy:
         evaluation = privacy["evaluation"]
-        parts.append(f"<p>The evaluation's model selection on the validation split spent its own budget, "
-                     f"ε = {_number(evaluation['epsilon'])} (not part of the release's ε):</p>")
+        parts.append(f"<p>Model selection on the validation split has its own budget, not part of the release's ε: "
+                     f"every selection on these validation images, by any evaluation of any release, adds up to "
+                     f"ε = {_number(evaluation['epsilon'])}:</p>")
         parts.append(_stages(evaluation["stages"], "evaluation"))
     return "\n".join(parts)
+
+
+SIZE_RULES = {"published": "the standard data set's published size", "declared": "declared public by the data holder",
+              "noisy": "a noisy count, part of ε"}
+
+
+def _size(privacy: dict[str, Any]) -> str:
+    """The public training-set size planning used, and how it became public."""
+    rule = privacy.get("dataset_size_rule")
+    return f"{privacy['dataset_size']:,} for planning" + (f": {SIZE_RULES[rule]}" if rule in SIZE_RULES else "")
 
 
 def _stages(stages: list[dict[str, Any]], budget: str) -> str:
@@ -199,18 +210,17 @@ def _curves_section(path: Path) -> str:
 
 
 def _files_section(run: RunDirectory) -> str:
-    rows = []
+    """Every file, marked release only when the release step wrote it (privacy.json's manifest) unchanged."""
+    rows, released = [], run.released_files()
     for entry in sorted(run.path.iterdir()):
         if entry.name.startswith(".") or entry.name == REPORT:
             continue
-        inside = sorted(entry.iterdir()) if entry.is_dir() else [entry]
-        shared = entry.name == RELEASE
-        for item in inside:
+        for item in sorted(entry.iterdir()) if entry.is_dir() else [entry]:
             files = [path for path in item.rglob("*") if path.is_file()] if item.is_dir() else [item]
             size = sum(path.stat().st_size for path in files)
             name = item.relative_to(run.path).as_posix() + ("/" if item.is_dir() else "")
             rows.append([f"<code>{_text(name)}</code>", f"{size / 1024:,.1f} KiB",
-                         "<strong>release: may be shared</strong>" if shared else "private"])
+                         "<strong>release: may be shared</strong>" if item in released else "private"])
     rows.append([f"<code>{REPORT}</code>", "this page", "private"])
     return ("<h2>Files</h2>" + _table(["file", "size", "who may see it"], rows, (1,))
             + f'<p class="note"><code>{CONFIG}</code> holds the resolved settings and what <code>auto</code> chose '

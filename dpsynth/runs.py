@@ -4,7 +4,9 @@ Layout of ``runs/<method>-<dataset>-eps<epsilon>-<time>/``: the folder ``release
 epsilon covers and may be shared; everything else is PRIVATE to the data holder.
 
 - ``release/synthetic.npz`` and ``release/samples.png``: the release (uint8 images N x C x H x W, labels)
-  and its grid, written after the budget check; ``release/privacy.json``: the accountant's report.
+  and its grid, written after the budget check; ``release/privacy.json``: the accountant's report, with the
+  SHA-256 of each file the release step wrote (``release_files``): those files, and nothing else that lies in
+  ``release/``, are the release. No other step writes into ``release/``.
 - ``config.yaml``: the fully resolved config; ``--resume`` reads it back. Its ``hardware`` section says what
   the machine is and what ``auto`` settings (bf16, the fast Inception path) chose on it, and why.
 - ``ledger.json``: every privacy event, appended as mechanisms run.
@@ -21,6 +23,7 @@ derived from private data only after the checkpoint that covers its events.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -41,6 +44,7 @@ CONFIG, LEDGER, CHECKPOINT, LOG = "config.yaml", "ledger.json", "checkpoint.pt",
 METHOD_METRICS = "method_metrics.json"
 RELEASE = "release"
 PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
+MANIFEST = "release_files"  # privacy.json's key: the SHA-256 of each file the release step wrote
 
 
 def run_name(config: Config, when: time.struct_time | None = None) -> str:
@@ -108,27 +112,42 @@ class RunDirectory:
         with self.file(LOG).open("a") as handle:
             handle.write(json.dumps(record, default=_json_default) + "\n")
 
-    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
-        """Atomically save ``state`` with the ledger that covers it, then the ledger file."""
-        buffer = io.BytesIO()
-        torch.save({"state": state, "ledger": ledger.to_dict()}, buffer)
-        atomic_write(self.file(CHECKPOINT), lambda handle: handle.write(buffer.getvalue()))
+    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger, settings: dict[str, Any] | None = None
+                        ) -> None:
+        """Atomically save ``state`` with the ledger that covers it and the config ``settings`` a resume must
+        keep, then the ledger file."""
+        self._write_checkpoint({"state": state, "ledger": ledger.to_dict(), "settings": settings or {}})
         ledger.save()
 
-    def restore(self) -> tuple[dict[str, Any] | None, PrivacyLedger]:
-        """The last checkpoint's state (None without one) and the ledger that covers it.
+    def _write_checkpoint(self, saved: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        torch.save(saved, buffer)
+        atomic_write(self.file(CHECKPOINT), lambda handle: handle.write(buffer.getvalue()))
+
+    def _read_checkpoint(self) -> dict[str, Any]:
+        path = self.file(CHECKPOINT)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a damaged file
+            raise DpsynthError(f"{path}: unreadable checkpoint ({exc})") from None
+
+    def forget_noise_keys(self) -> None:
+        """Remove the secret noise streams' keys from checkpoint.pt (once released, nothing resumes from it)."""
+        if self.file(CHECKPOINT).exists():
+            self._write_checkpoint(_without_keys(self._read_checkpoint()))
+
+    def restore(self, settings: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+        """The last checkpoint's state (None without one) and the ledger that covers it; DpsynthError naming the
+        key when one of the checkpoint's settings differs from ``settings`` (config.yaml edited since).
 
         The ledger file is rewound to that ledger (an empty one without a checkpoint), and the rewind is
         logged when the file had run ahead.
         """
-        path = self.file(CHECKPOINT)
         state = None
         ledger = PrivacyLedger(self.file(LEDGER))
-        if path.exists():
-            try:
-                saved = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # torch raises many types for a damaged file
-                raise DpsynthError(f"{path}: unreadable checkpoint ({exc})") from None
+        if self.file(CHECKPOINT).exists():
+            saved = self._read_checkpoint()
+            _check_settings(saved.get("settings", {}), settings, self.file(CONFIG))
             state, ledger = saved["state"], PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER))
         on_disk = self.ledger()
         if on_disk != ledger:
@@ -138,7 +157,21 @@ class RunDirectory:
         return state, ledger
 
     def write_privacy_report(self, report: dict[str, Any]) -> None:
-        atomic_write_json(self.file(PRIVACY), report)
+        """Write privacy.json: ``report`` with the release manifest (computed at the release, kept afterwards)."""
+        path = self.file(PRIVACY)
+        manifest = (json.loads(path.read_text()).get(MANIFEST) if path.exists() else None) or {
+            Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES) if self.file(name).is_file()}
+        atomic_write_json(path, {**report, MANIFEST: manifest})
+
+    def released_files(self) -> set[Path]:
+        """The files of ``release/`` that the release step wrote, unchanged since (by privacy.json's manifest)."""
+        path = self.file(PRIVACY)
+        if not path.is_file():
+            return set()
+        manifest = json.loads(path.read_text()).get(MANIFEST) or {}
+        release = self.file(RELEASE)
+        return {path} | {release / name for name, digest in manifest.items()
+                         if (release / name).is_file() and sha256(release / name) == digest}
 
     def method_metrics(self) -> dict[str, Any]:
         """What the method measured about itself (e.g. DP-ImgSyn's teacher accuracy); empty if nothing."""
@@ -161,6 +194,46 @@ class RunDirectory:
         np.savez_compressed(buffer, **arrays)
         atomic_write(self.file(SYNTHETIC), lambda handle: handle.write(buffer.getvalue()))
         save_png(class_grid(pixels, hard, len(class_names)), self.file(SAMPLES))
+
+
+def _without_keys(value: Any) -> Any:
+    """``value`` with every secret stream state (:meth:`SecretStream.get_state`) reduced to its draw count."""
+    if isinstance(value, dict):
+        if set(value) == {"key", "draws"}:
+            return {"draws": value["draws"]}
+        return {name: _without_keys(item) for name, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_keys(item) for item in value)
+    return value
+
+
+def _check_settings(saved: dict[str, Any], current: dict[str, Any] | None, config: Path) -> None:
+    """DpsynthError naming the first key whose value the checkpoint holds and ``current`` changed or lacks."""
+    if current is None:
+        return
+    for key, value in saved.items():
+        if current.get(key, _MISSING) != value:
+            now = current.get(key, "no value")
+            raise DpsynthError(f"{config}: {key} is {now!r}, but the run's checkpoint was made with {value!r}; a "
+                               "resumed run keeps what its privacy plan and data were made with (only where and in "
+                               "what chunks it computes may change): put the value back")
+
+
+_MISSING = object()
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def inside_release(path: str | Path) -> Path | None:
+    """The run directory whose ``release/`` folder holds ``path`` (or is it), or None."""
+    path = Path(path).resolve()
+    for folder in (path, *path.parents):
+        if folder.name == RELEASE and (folder.parent / CONFIG).is_file():
+            return folder.parent
+    return None
 
 
 def _json_default(value: Any) -> Any:

@@ -29,7 +29,7 @@ def secret_stream(seed: int = 0) -> SecretStream:
 
 @pytest.fixture(autouse=True)
 def evaluation_ledgers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's release ledgers (``dpsynth evaluate FILE.npz``) in its own folder, not the user's."""
+    """Each test's model-selection ledgers (``dpsynth evaluate``) in its own folder, not the user's."""
     monkeypatch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path / "evaluation-ledgers"))
     return tmp_path / "evaluation-ledgers"
 

@@ -49,7 +49,7 @@ def test_privacy_plan_json_matches_opacus_for_the_paper_preset(capsys, epsilon):
 
 def test_privacy_plan_human_readable(capsys):
     code, out, _ = run_cli(capsys, "privacy", "dpdm", "--dataset", "mnist-5k", "--epsilon", "5")
-    assert code == 0 and "dp-sgd" in out and "total epsilon = " in out and "(N = 4000)" in out
+    assert code == 0 and "dp-sgd" in out and "total epsilon = " in out and "(N = 4000, published size)" in out
 
 
 def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(capsys):

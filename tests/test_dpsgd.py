@@ -63,7 +63,8 @@ def _unet_steps(batch_loss: bool) -> tuple[nn.Module, DPSGD]:
 def test_the_batched_engine_takes_the_step_the_vmap_engine_takes():
     batched, engine = _unet_steps(True)
     reference, vmap = _unet_steps(False)
-    assert engine.engine == {"per_example": "batched", "why": "agreed with vmap on a probe batch"}
+    assert engine.engine == {"per_example": "batched",
+                             "why": "agreed with vmap on a public probe batch, examples independent"}
     assert vmap.engine == {"per_example": "vmap", "why": "no batch loss"}
     for (name, ours), theirs in zip(batched.named_parameters(), reference.parameters(), strict=True):
         assert torch.allclose(ours, theirs, atol=1e-6), name
@@ -80,9 +81,11 @@ class CentresTheBatch(nn.Module):
         return self.linear(x - x.mean(0))
 
 
-@pytest.mark.parametrize("interacting, why", [(True, "disagreed with vmap"), (False, "the model is a Linear")])
+@pytest.mark.parametrize("interacting, why", [(True, "the model is a CentresTheBatch, not on the batched engine's "
+                                                    "allow-list"), (False, "the model is a Linear")])
 def test_models_the_batched_rules_do_not_fit_keep_the_vmap_engine(interacting, why):
-    """Examples that interact are caught by the probe; a module without a rule (this file's Linear) up front."""
+    """A module off the allow-list (a layer across the batch, this file's Linear) takes vmap up front; an allowed
+    model whose loss mixes examples is caught by the probe (test_release_privacy.py)."""
     model, data = (CentresTheBatch(), torch.randn(8, 3)) if interacting else (Linear(), torch.randn(8, 2000))
     engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda f, x: f(x[None]).pow(2).sum(),
                    DpsgdSettings(1.0, 1.0, 1.0, 8), 8, PrivacyLedger(), "dp-sgd", secret_stream(4),

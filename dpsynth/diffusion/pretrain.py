@@ -23,7 +23,7 @@ from diffusers import DDPMPipeline, UNet2DModel
 from tqdm.auto import tqdm
 
 from ..data import ImageSet
-from ..data.fingerprints import FINGERPRINTS, fingerprints
+from ..data.fingerprints import FINGERPRINTS, fingerprints, load_fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
 from ..utils.device import to_device
@@ -87,9 +87,9 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
     model = build_unet(channels, height, num_classes, settings.block_channels, settings.layers_per_block,
                        settings.attention, settings.norm_groups).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    record = {"dataset": dataset, "images": len(data), "class_names": class_names if settings.conditional else None,
-              "settings": asdict(settings)}
     prints = fingerprints(data.images)
+    record = {"dataset": dataset, "images": len(data), "fingerprints": len(prints),
+              "class_names": class_names if settings.conditional else None, "settings": asdict(settings)}
     started = time.perf_counter()
     model.train()
     for step in tqdm(range(1, settings.iterations + 1), desc="pretrain", dynamic_ncols=True):
@@ -132,6 +132,17 @@ def read_pretraining(directory: str | Path, setting: str) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{setting}: {path} is unreadable ({exc})") from None
+
+
+def public_fingerprints(directory: str | Path) -> np.ndarray | None:
+    """The fingerprints of a public model's training images (None when it has none), their count checked against
+    its ``pretraining.json`` when it has one (:func:`~dpsynth.data.fingerprints.load_fingerprints`)."""
+    path = Path(directory) / TRAINING_STATE
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is unreadable ({exc})") from None
+    return load_fingerprints(directory, record.get("fingerprints"), record.get("images"))
 
 
 def init_from_public(model: UNet2DModel, directory: str | Path, class_names: list[str], diffusion: Diffusion,

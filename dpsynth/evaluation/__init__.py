@@ -2,7 +2,7 @@
 from .evaluate import METRICS, EvaluationSettings, evaluate_release
 from .fidelity import Moments, fid, fid_infinity, kid, precision_recall
 from .inception import InceptionFeatures
-from .release import Release, evaluation_ledger, load_release
+from .release import Release, load_release, selection_ledger
 
 __all__ = ["METRICS", "EvaluationSettings", "InceptionFeatures", "Moments", "Release", "evaluate_release",
-           "evaluation_ledger", "fid", "fid_infinity", "kid", "load_release", "precision_recall"]
+           "fid", "fid_infinity", "kid", "load_release", "precision_recall", "selection_ledger"]

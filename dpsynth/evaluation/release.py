@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import DatasetInfo, ImageSet
+from ..data import Dataset, DatasetInfo, ImageSet
+from ..data.fingerprints import fingerprints
 from ..data.sources import LoadOptions, load_npz
 from ..errors import DataError
 from ..privacy import PrivacyLedger
@@ -42,21 +43,16 @@ class Release:
             return probabilities.float()
         return torch.softmax(probabilities.log() * (self.soft_label_temperature / temperature), dim=1).float()
 
-    def digest(self) -> str:
-        """SHA-256 of the images, labels and soft labels: the same release has it in any file or format."""
-        digest = hashlib.sha256()
-        for array in (self.images, self.labels, self.soft_labels):
-            if array is not None:
-                digest.update(str(array.shape).encode() + np.ascontiguousarray(array).tobytes())
-        return digest.hexdigest()
 
-
-def evaluation_ledger(release: Release) -> PrivacyLedger:
-    """The evaluation ledger of ``release`` (by its digest) under ``$DPSYNTH_LEDGER_DIR`` (default
-    ``~/.local/share/dpsynth/evaluation-ledgers``): model selection on the same private validation split
-    accumulates there across every evaluation of the release."""
+def selection_ledger(dataset: Dataset, split_seed: int) -> PrivacyLedger:
+    """The ledger of every model selection on ``dataset``'s validation split, under ``$DPSYNTH_LEDGER_DIR``
+    (default ``~/.local/share/dpsynth/evaluation-ledgers``), named by the dataset, the split seed and the
+    fingerprints of the validation images: every evaluation that selects on the same private records, of a run
+    or of a file, of any release, adds to the same ledger."""
     root = Path(os.environ.get(LEDGER_DIR_VARIABLE) or Path.home() / ".local/share/dpsynth/evaluation-ledgers")
-    path = root / f"{release.digest()}.json"
+    digest = hashlib.sha256(f"{dataset.info.name}|{split_seed}|".encode())
+    digest.update(fingerprints(dataset.val.images).tobytes())
+    path = root / f"validation-{digest.hexdigest()}.json"
     return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
 
 

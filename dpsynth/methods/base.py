@@ -53,6 +53,7 @@ class RunContext:
     allow_non_private: bool = False
     governor: ThreadGovernor | None = None
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
+    settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
 
     def __post_init__(self) -> None:
         if self.example_generator is None:
@@ -85,7 +86,7 @@ class RunContext:
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         if self.world.is_main:
-            self.run.save_checkpoint(state, self.ledger)
+            self.run.save_checkpoint(state, self.ledger, self.settings)
 
     def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
         return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial,

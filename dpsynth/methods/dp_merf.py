@@ -116,4 +116,4 @@ def released_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFe
                                    (train.labels == label).sum().double()[None]])
                         for label in range(num_classes)])
     noisy = release_gaussian(rows, SENSITIVITY, noise_multiplier, ledger, stage, noise)
-    return (noisy[:, :-1] / noisy[:, -1:].clamp_min(1.0)).float()
+    return (noisy[:, :-1] / noisy[:, -1:].round().clamp_min(1.0)).float()  # the size rounded: see release_counts

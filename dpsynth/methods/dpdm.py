@@ -8,11 +8,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import DatasetInfo, ImageSet
-from ..data.fingerprints import FINGERPRINTS, load_fingerprints
+from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
 from ..diffusion.ddpm import FULL_TRAJECTORY, check_interval, drop_labels
 from ..diffusion.inference import sampling_inputs, sampling_model
-from ..diffusion.pretrain import init_from_public, read_pretraining
+from ..diffusion.pretrain import init_from_public, public_fingerprints, read_pretraining
 from ..errors import DataError
 from ..hardware import resolve_bf16
 from ..models import build_unet
@@ -84,7 +84,7 @@ class DPDM(Method):
         if not directory:
             return {}
         read_pretraining(directory, "model.init_from")
-        prints = load_fingerprints(directory)
+        prints = public_fingerprints(directory)
         if prints is None:
             raise DataError(f"model.init_from: {directory} holds no {FINGERPRINTS}, so its training images cannot be "
                             "checked to hold none of the private ones; dpsynth pretrain writes one")
@@ -128,7 +128,7 @@ class DPDM(Method):
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
-        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], len(context.dataset.train))
+        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], context.dataset.info.num_train)
         noise = event.noise_multiplier if isinstance(event, SubsampledGaussianMechanism) else None  # non-private
         bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
         engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"], bf16)

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from ..models.classifiers import build_classifier
 from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
-from ..privacy.mechanisms import release_gaussian
+from ..privacy.mechanisms import release_counts
 from ..privacy.randomness import SecretStream
 from ..utils.device import to_device
 from .base import RunContext, register
@@ -100,7 +100,7 @@ class PrivImage(DPFETA):
             self._released.update(selection_classes=chosen, selection_histogram=noisy)
             self._checkpoint(context, PHASE, 0)
             context.log("public selection", classes=[names[c] for c in chosen.tolist()],
-                        noisy_counts=[round(float(noisy[c]), 1) for c in chosen.tolist()])
+                        noisy_counts=[int(noisy[c]) for c in chosen.tolist()])
         keep = torch.isin(public.labels, self._released["selection_classes"])
         return ImageSet(public.images[keep], torch.full((int(keep.sum()),), info.num_classes))
 
@@ -139,4 +139,4 @@ def semantic_histogram(top_classes: torch.Tensor, num_classes: int, noise_multip
     """Per class, how many records (rows of ``top_classes``: k distinct classes each) name it, plus Gaussian noise
     of std noise_multiplier x sqrt(k), the histogram's L2 sensitivity; recorded before it runs."""
     counts = torch.bincount(top_classes.flatten(), minlength=num_classes).double()
-    return release_gaussian(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)
+    return release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)

@@ -64,7 +64,7 @@ class PrivateTraining:
             step = state["step"]
         engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
                        context.ledger, self.stage, context.noise, context.world, context.generator,
-                       context.example_generator, self.batch_loss)
+                       context.example_generator, self.batch_loss, context.dataset.info.num_train)
         progress = context.progress(self.steps, self.stage, initial=step)
         first = step
         while step < self.steps:

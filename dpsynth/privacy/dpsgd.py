@@ -30,10 +30,11 @@ from ..utils.device import bf16_autocast
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
 from .mechanisms import gaussian_noise, poisson_sample
-from .per_example import BatchedGradients, BatchLoss, unsupported
+from .per_example import BatchedGradients, BatchLoss, public_probe, unsupported
 from .randomness import SecretStream
 
 Params = dict[str, torch.Tensor]
+PROBE_EXAMPLES = 8  # examples in the public probe batch that decides the per-example engine
 # loss(model, params, buffers, *example_tensors) for ONE example (tensors without the batch dimension)
 ExampleLoss = Callable[..., torch.Tensor]
 
@@ -114,17 +115,21 @@ class DPSGD:
 
     ``make_batch(indices)`` returns the per-example tensors (data and any per-example randomness, e.g.
     diffusion times and noise, drawn from ``example_generator``) for the sampled indices; ``loss`` maps
-    one example to a scalar. ``noise`` (the secret stream) draws the Poisson samples and the Gaussian
-    noise; on several processes it must be in the same state on every rank, as must ``generator`` (the
-    shared training generator), from which ``example_generator`` is reseeded every step.
+    one example to a scalar. The noisy sum is divided by the expected batch size q x ``public_size`` (the
+    training set's public size; default ``num_records``, when that is public), never by a private count.
+    ``noise`` (the secret stream) draws the Poisson samples and the Gaussian noise; on several processes it
+    must be in the same state on every rank, as must ``generator`` (the shared training generator), from which
+    ``example_generator`` is reseeded every step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss,
                  settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
                  noise: SecretStream, world: World | None = None, generator: torch.Generator | None = None,
-                 example_generator: torch.Generator | None = None, batch_loss: BatchLoss | None = None) -> None:
+                 example_generator: torch.Generator | None = None, batch_loss: BatchLoss | None = None,
+                 public_size: int | None = None) -> None:
         self.model, self.optimizer, self.loss, self.settings = model, optimizer, loss, settings
         self.num_records, self.ledger, self.stage, self.noise = num_records, ledger, stage, noise
+        self.public_size = num_records if public_size is None else public_size
         self.world = world or World()
         self.generator, self.example_generator = generator, example_generator or generator
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -168,7 +173,7 @@ class DPSGD:
             self.ledger.record(self.stage, SubsampledGaussianMechanism(s.noise_multiplier, s.sample_rate))
             for name, noise in self._noise(s.noise_multiplier * s.clip).items():
                 total[name] += noise
-        expected = s.sample_rate * self.num_records
+        expected = s.sample_rate * self.public_size
         for name, param in self.params.items():
             param.grad = total[name] / expected
         self.optimizer.step()
@@ -184,14 +189,21 @@ class DPSGD:
                 in zip(self.params.items(), flat.split(sizes), strict=True)}
 
     def _choose_engine(self, batch: Sequence[torch.Tensor], params: Params, buffers: Params) -> dict[str, str | None]:
-        """The batched engine if it agrees with vmap on (up to) 4 examples of ``batch``, else vmap."""
+        """The batched engine if, on random public tensors of ``batch``'s shapes (:data:`PROBE_EXAMPLES`
+        examples), it agrees with vmap and one example's gradient does not move when the others change; else vmap.
+        Nothing of the private batch but its shapes enters the choice."""
         assert self.batched is not None
-        probe = [tensor[:4] for tensor in batch]
+        generator = torch.Generator().manual_seed(0)  # public randomness: the probe is not a secret
+        probe, others = (public_probe(batch, PROBE_EXAMPLES, generator) for _ in range(2))
         reference = per_example_gradients(self.model, self.loss, params, buffers, probe)
         try:
-            if self.batched.agrees_with(reference, probe):
-                return {"per_example": "batched", "why": "agreed with vmap on a probe batch"}
-            why = "disagreed with vmap on a probe batch (examples interact, or in-place updates)"
+            if not self.batched.agrees_with(reference, probe):
+                why = "disagreed with vmap on a probe batch (examples interact, or in-place updates)"
+            elif not self.batched.independent(probe, others):
+                why = "an example's gradient moved when the others changed (an operation across the batch)"
+            else:
+                return {"per_example": "batched", "why": "agreed with vmap on a public probe batch, examples "
+                                                         "independent"}
         except RuntimeError as exc:
             why = str(exc)
         self.batched = None

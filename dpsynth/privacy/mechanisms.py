@@ -47,6 +47,20 @@ def release_gaussian(
     return value + gaussian_noise(value.shape, noise_multiplier * l2_sensitivity, noise, value)
 
 
+def release_counts(counts: torch.Tensor, l2_sensitivity: float, noise_multiplier: float, ledger: PrivacyLedger,
+                   stage: str, noise: SecretStream) -> torch.Tensor:
+    """Counts released with Gaussian noise (:func:`release_gaussian`), rounded to whole numbers before anything uses
+    or stores them: an exact float64 sum of a count and a normal lies on a lattice that can show which neighbour's
+    count it came from (Mironov 2012); the rounded value, post-processing, shows nothing of the kind."""
+    return release_gaussian(counts, l2_sensitivity, noise_multiplier, ledger, stage, noise).round()
+
+
+def noisy_count(count: int, std: float, noise: SecretStream) -> int:
+    """``count`` plus N(0, std^2) from the secret stream, rounded to a whole number (see :func:`release_counts`);
+    the caller records the Gaussian mechanism."""
+    return round(count + float(noise.normal(())) * std)
+
+
 def release_subsampled_mean(
     records: torch.Tensor,
     sample_rate: float,
@@ -55,16 +69,18 @@ def release_subsampled_mean(
     ledger: PrivacyLedger,
     stage: str,
     noise: SecretStream,
+    public_size: int | None = None,
 ) -> torch.Tensor:
     """Noisy mean of a Poisson sample of ``records``, each clipped to L2 norm ``clip``.
 
     The sum of clipped records has add / remove sensitivity ``clip``; noise of std sigma x clip is added
-    to it, then it is divided by the *expected* sample size q N (a public number, so post-processing).
+    to it, then it is divided by the *expected* sample size q N, N the public size (default the number of
+    ``records``, when that is public), so post-processing.
     """
     ledger.record(stage, SubsampledGaussianMechanism(noise_multiplier, sample_rate, 1))
     chosen = clip_rows(records[poisson_sample(records.shape[0], sample_rate, noise)], clip)
     total = chosen.sum(dim=0) + gaussian_noise(records.shape[1:], noise_multiplier * clip, noise, records)
-    return total / (sample_rate * records.shape[0])
+    return total / (sample_rate * (public_size or records.shape[0]))
 
 
 def report_noisy_max(

@@ -13,8 +13,10 @@ example's gradient is the sum over its rows, which each rule forms directly (nev
 the ``paper`` presets' K = 32 those would take 32 times the memory of the per-example ones).
 
 Exactness rests on the model treating examples independently (no BatchNorm in training mode, no operation
-across the batch) and on captured tensors not being modified in place. :meth:`BatchedGradients.agrees_with`
-checks both on a probe batch against vmap; the DP-SGD engine uses this path only after that check passed.
+across the batch) and on captured tensors not being modified in place. Only module types on an allow-list
+(:data:`ALLOWED`, with or without parameters) may appear; the DP-SGD engine then uses this path only after a probe of
+random public tensors (never the private batch) agreed with vmap and showed that one example's gradient does not
+move when the others change (:meth:`BatchedGradients.agrees_with`, :meth:`BatchedGradients.independent`).
 """
 from __future__ import annotations
 
@@ -89,13 +91,30 @@ RULES: dict[type[nn.Module], Rule] = {nn.Conv2d: _conv, nn.Linear: _linear, nn.G
                                       nn.Embedding: _embedding}
 
 
+# Every module type the batched rules may meet: each treats the examples of a batch independently (no statistic
+# across the batch). Named, so the allow-list needs no import of diffusers; anything else takes vmap.
+ALLOWED = frozenset({
+    *(f"torch.nn.modules.{name}" for name in (
+        "conv.Conv2d", "linear.Linear", "normalization.GroupNorm", "sparse.Embedding", "container.ModuleList",
+        "container.Sequential", "activation.SiLU", "activation.ReLU", "activation.GELU", "dropout.Dropout",
+        "linear.Identity", "flatten.Flatten", "pooling.AvgPool2d", "pooling.MaxPool2d", "pooling.AdaptiveAvgPool2d")),
+    *(f"diffusers.models.{name}" for name in (
+        "unets.unet_2d.UNet2DModel", "unets.unet_2d_blocks.DownBlock2D", "unets.unet_2d_blocks.UpBlock2D",
+        "unets.unet_2d_blocks.AttnDownBlock2D", "unets.unet_2d_blocks.AttnUpBlock2D",
+        "unets.unet_2d_blocks.UNetMidBlock2D", "resnet.ResnetBlock2D", "attention_processor.Attention",
+        "downsampling.Downsample2D", "upsampling.Upsample2D", "embeddings.Timesteps",
+        "embeddings.TimestepEmbedding")),
+    "dpsynth.models.unet.SiLU",
+})
+
+
 def unsupported(model: nn.Module) -> str | None:
-    """Why :class:`BatchedGradients` cannot serve ``model`` (a module with parameters it has no rule for), or None."""
+    """Why :class:`BatchedGradients` cannot serve ``model`` (a module type off :data:`ALLOWED`, with or without
+    parameters, or a convolution padded otherwise than with zeros), or None."""
     for name, module in model.named_modules():
-        if not any(True for _ in module.parameters(recurse=False)):
-            continue
-        if type(module) not in RULES:
-            return f"{name or 'the model'} is a {type(module).__name__}"
+        kind = f"{type(module).__module__}.{type(module).__qualname__}"
+        if kind not in ALLOWED:
+            return f"{name or 'the model'} is a {type(module).__name__}, not on the batched engine's allow-list"
         if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
             return f"{name} pads with {module.padding_mode} / {module.padding!r}"
     return None
@@ -141,8 +160,35 @@ class BatchedGradients:
     def agrees_with(self, reference: Params, batch: Sequence[torch.Tensor], tolerance: float = 1e-3) -> bool:
         """Whether every example's whole gradient on ``batch`` is within ``tolerance`` (relative L2) of
         ``reference`` (vmap's); computed in fp32."""
+        return bool((_relative_errors(self._fp32(batch), reference) <= tolerance).all())
+
+    def independent(self, batch: Sequence[torch.Tensor], others: Sequence[torch.Tensor],
+                    tolerance: float = 1e-4) -> bool:
+        """Whether the first example's gradient stays the same (within ``tolerance``, relative L2) when every other
+        example is replaced by those of ``others`` (the same shapes): no operation mixes the examples."""
+        changed = [torch.cat([first[:1], other[1:]]) for first, other in zip(batch, others, strict=True)]
+        alone = {name: grad[:1] for name, grad in self._fp32(batch).items()}
+        return bool((_relative_errors({n: g[:1] for n, g in self._fp32(changed).items()}, alone) <= tolerance).all())
+
+    def _fp32(self, batch: Sequence[torch.Tensor]) -> Params:
         with torch.autocast(batch[0].device.type, enabled=False):
-            ours = self(batch)
-        error = torch.stack([(ours[n] - reference[n]).flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
-        size = torch.stack([reference[n].flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
-        return bool((error <= tolerance * size + 1e-12).all())
+            return self(batch)
+
+
+def _relative_errors(ours: Params, reference: Params) -> torch.Tensor:
+    """Each example's L2 distance between two sets of per-example gradients, over the reference's norm."""
+    error = torch.stack([(ours[n] - reference[n]).flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
+    size = torch.stack([reference[n].flatten(1).pow(2).sum(1) for n in reference]).sum(0).sqrt()
+    return error / (size + 1e-12)
+
+
+def public_probe(batch: Sequence[torch.Tensor], count: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Random tensors of ``batch``'s shapes (``count`` examples), which hold nothing of the private batch: floats
+    uniform in [0, 1), integers (labels, diffusion times) 0 or 1."""
+    probe = []
+    for tensor in batch:
+        shape = (count, *tensor.shape[1:])
+        values = (torch.rand(shape, generator=generator) if tensor.is_floating_point()
+                  else torch.randint(0, 2, shape, generator=generator))
+        probe.append(values.to(tensor.device, tensor.dtype))
+    return probe

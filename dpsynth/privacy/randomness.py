@@ -62,15 +62,14 @@ class SecretStream:
         return np.frombuffer(hashlib.shake_256(message).digest(8 * count), dtype="<u8")
 
     def uniform(self, shape: int | tuple[int, ...] | torch.Size) -> torch.Tensor:
-        """float64 uniforms in the open interval (0, 1), 53 random bits each."""
+        """float64 uniforms in the open interval (0, 1) (:func:`uniforms`)."""
         size = torch.Size((shape,) if isinstance(shape, int) else shape)
-        words = self._words(size.numel())
-        values = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
-        return torch.from_numpy(values).reshape(size)
+        return uniforms(self._words(size.numel())).reshape(size)
 
     def normal(self, shape: int | tuple[int, ...] | torch.Size) -> torch.Tensor:
-        """float64 standard normals (inverse CDF of 53-bit uniforms: exact up to |z| ~ 8.3)."""
-        return torch.special.ndtri(self.uniform(shape))
+        """float64 standard normals, exactly symmetric (:func:`normals`)."""
+        size = torch.Size((shape,) if isinstance(shape, int) else shape)
+        return normals(self._words(size.numel())).reshape(size)
 
     def exponential(self, shape: int | tuple[int, ...] | torch.Size) -> torch.Tensor:
         """float64 Exp(1) draws."""
@@ -84,6 +83,24 @@ class SecretStream:
 
     def __repr__(self) -> str:  # never show the key
         return f"SecretStream(draws={self._draws})"
+
+
+def uniforms(words: np.ndarray) -> torch.Tensor:
+    """float64 uniforms from uint64 words: the grid (k + 1/2) 2^-52, k < 2^52 the top 52 bits, inside the open
+    interval (0, 1) (never 0 or 1, every value exact in float64) and symmetric (u and 1 - u equally likely)."""
+    return torch.from_numpy(_grid(words >> np.uint64(12), 52))
+
+
+def normals(words: np.ndarray) -> torch.Tensor:
+    """float64 standard normals from uint64 words, exactly symmetric: the top bit a sign, times ndtri(p) for p on
+    the grid (k + 1/2) 2^-53 of (0, 1/2), k the low 52 bits; so |z| <= 8.29 on both sides."""
+    lower = torch.special.ndtri(torch.from_numpy(_grid(words & np.uint64(2 ** 52 - 1), 53)))
+    return torch.from_numpy((words >> np.uint64(63)).astype(np.float64) * 2 - 1) * lower
+
+
+def _grid(values: np.ndarray, bits: int) -> np.ndarray:
+    """(values + 1/2) 2^-bits in float64 (exact for values below 2^52)."""
+    return (values.astype(np.float64) + 0.5) * 2.0 ** -bits
 
 
 def secret_generator(key: bytes) -> torch.Generator:

@@ -26,7 +26,7 @@ from ...data import ImageSet
 from ...errors import ConfigError
 from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
 from ...privacy.events import SimpleEvent
-from ...privacy.mechanisms import clip_rows, gaussian_noise, poisson_sample
+from ...privacy.mechanisms import clip_rows, gaussian_noise, noisy_count, poisson_sample
 from ...privacy.randomness import SecretStream
 
 KINDS = ("mean", "mode")
@@ -129,8 +129,7 @@ def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledge
     for label in range(num_classes):
         members = train.images[train.labels == label]
         if query.kind == "mean":
-            size = max(1.0, len(members) + float(noise.normal(()))
-                       * query.count_noise)
+            size = max(1, noisy_count(len(members), query.count_noise, noise))
             images += [mean_image(members, query, size, noise) for _ in range(query.count)]
         else:
             images += [mode_image(members, query, noise) for _ in range(query.count)]

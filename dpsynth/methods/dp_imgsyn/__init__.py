@@ -120,7 +120,7 @@ class DPImgSyn(Method):
         with memory_limited_by("statistics.batch_size", batch_size, "computing the DP batch statistics"):
             statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), scaling,
                                             event.noise_multiplier, batch_size, device, context.ledger, "statistics",
-                                            context.noise)
+                                            context.noise, info.num_train)
         state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
                  "scale": scaling.scale, "clip": scaling.clip, "teacher_accuracy": accuracy,
                  "rng": context.random_state()}

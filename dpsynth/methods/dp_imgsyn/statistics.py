@@ -138,8 +138,9 @@ def clipped_moment_sum(model: nn.Module, images: torch.Tensor, scaling: MomentSc
 
 def private_statistics(model: nn.Module, images: torch.Tensor, scaling: MomentScaling, noise_multiplier: float,
                        batch_size: int, device: torch.device, ledger: PrivacyLedger, stage: str,
-                       noise: SecretStream) -> BatchStatistics:
-    """The private set's statistics: clipped scaled moment sum + N(0, (sigma C)^2), divided by the public size N."""
+                       noise: SecretStream, public_size: int | None = None) -> BatchStatistics:
+    """The private set's statistics: clipped scaled moment sum + N(0, (sigma C)^2), divided by the public size N
+    (default the number of ``images``, when that is public)."""
     total = clipped_moment_sum(model, images, scaling, batch_size, device)
     noisy = release_gaussian(total, scaling.clip, noise_multiplier, ledger, stage, noise)
-    return scaling.statistics((noisy / len(images)).float(), layer_widths(model))
+    return scaling.statistics((noisy / (public_size or len(images))).float(), layer_widths(model))

@@ -19,7 +19,7 @@ import torch
 from ...data import ImageSet
 from ...errors import ConfigError
 from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
-from ...privacy.mechanisms import gaussian_noise
+from ...privacy.mechanisms import gaussian_noise, noisy_count
 from ...privacy.randomness import SecretStream
 
 
@@ -68,7 +68,6 @@ def noisy_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatu
     for label in range(num_classes):
         total = rff.summed(train.images[train.labels == label])
         total = total + gaussian_noise(total.shape, query.noise, noise, total)
-        noisy_count = float(gaussian_noise(torch.Size(), query.count_noise, noise, total))
-        size = int((train.labels == label).sum()) + noisy_count
-        means.append(total / max(1.0, size))
+        size = noisy_count(int((train.labels == label).sum()), query.count_noise, noise)
+        means.append(total / max(1, size))
     return torch.stack(means).float()

@@ -25,12 +25,13 @@ import torch
 
 from ...config import choice_setting, positive_setting
 from ...data import DatasetInfo, ImageSet
-from ...data.fingerprints import FINGERPRINTS, load_fingerprints
+from ...data.fingerprints import FINGERPRINTS
 from ...data.glyphs import find_fonts
+from ...diffusion.pretrain import public_fingerprints
 from ...errors import ConfigError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
-from ...privacy.mechanisms import release_gaussian
+from ...privacy.mechanisms import release_counts
 from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
@@ -108,7 +109,7 @@ class PrivateEvolution(Method):
         model = self.config["api"]["model"]
         if self.config["api"]["name"] != "diffusion" or not model:
             return {}
-        prints = load_fingerprints(model)
+        prints = public_fingerprints(model)
         if prints is None:
             warnings.warn(f"api.model {model} holds no {FINGERPRINTS} (dpsynth pretrain writes one): its training "
                           "data cannot be checked to be disjoint from the private data; make sure it is",
@@ -190,7 +191,7 @@ class PrivateEvolution(Method):
             shares = torch.ones(classes, dtype=torch.float64)
         else:
             counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
-            shares = context.on_main(lambda: release_gaussian(counts, 1.0, settings["count_noise"], context.ledger,
+            shares = context.on_main(lambda: release_counts(counts, 1.0, settings["count_noise"], context.ledger,
                                                               "class-counts", context.noise)).clamp_min(1)
         return apportion(total, shares)
 

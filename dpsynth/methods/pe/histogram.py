@@ -10,7 +10,7 @@ import torch
 
 from ...errors import ConfigError
 from ...privacy import PrivacyLedger
-from ...privacy.mechanisms import release_gaussian
+from ...privacy.mechanisms import release_counts
 from ...privacy.randomness import SecretStream
 
 
@@ -38,5 +38,5 @@ def dp_histograms(votes: list[torch.Tensor], noise_multiplier: float, threshold:
     """Every class's votes plus N(0, sigma^2) per bin, then max(count - threshold, 0); recorded once, first."""
     if threshold < 0:
         raise ConfigError(f"pe.threshold must be >= 0, got {threshold}")
-    noisy = release_gaussian(torch.cat(votes), 1.0, noise_multiplier, ledger, stage, noise)
+    noisy = release_counts(torch.cat(votes), 1.0, noise_multiplier, ledger, stage, noise)
     return list((noisy - threshold).clamp_min(0).split([len(v) for v in votes]))
