@@ -261,8 +261,9 @@ def _evaluation_config(config: Config, overrides: Iterable[tuple[str, Any]]) -> 
 
 def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), dataset: Dataset | None = None,
                  device: torch.device | None = None) -> dict[str, Any]:
-    """Evaluate a run's release into its directory; model selection is recorded in the validation split's ledger
-    (:func:`~dpsynth.evaluation.release.selection_ledger`), whose total privacy.json shows beside the run's."""
+    """Evaluate a run's release into its directory (never into ``release/``); model selection is recorded in the
+    validation split's ledger (:func:`~dpsynth.evaluation.release.selection_ledger`), whose total metrics.json
+    and report.html show."""
     if not run.file(SYNTHETIC).is_file():
         raise DpsynthError(f"{run.path}: no {SYNTHETIC} yet; finish the run first (dpsynth run --resume {run.path})")
     config = _evaluation_config(run.config(), overrides)
@@ -274,10 +275,6 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
                                    dataset, EvaluationSettings.from_config(config["evaluation"]), selection,
                                    accountant, delta, run.path, device or pick_device(config["run"]["device"]),
                                    run.file(LOG), run.method_metrics())
-    report = _privacy_report(run.ledger(), accountant, delta, float(config["privacy"]["epsilon"]), dataset.info,
-                             get_method(config["method"])(config), config)
-    evaluation = ledger_report(selection, accountant, delta).get("evaluation")
-    run.write_privacy_report({**report, "evaluation": evaluation} if evaluation else report)
     write_run_report(run)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
             **_cuda_peak(device or pick_device(config["run"]["device"])))

@@ -45,7 +45,7 @@ def write_run_report(run: RunDirectory) -> Path:
     sections = [
         f"<h1>{_text(title)}</h1>",
         _files_line(),
-        _privacy_section(privacy),
+        _privacy_section(privacy, _metrics(run).get("evaluation_privacy")),
         _samples_section(run.file(SYNTHETIC)),
         _metrics_section(run),
         _neighbours_section(run.file(NEIGHBOURS)),
@@ -91,7 +91,7 @@ def _number(value: float | None, digits: int = 4) -> str:
     return "none" if value is None else f"{value:.{digits}f}"
 
 
-def _privacy_section(privacy: dict[str, Any]) -> str:
+def _privacy_section(privacy: dict[str, Any], evaluation: dict[str, Any] | None) -> str:
     parts = ["<h2>Privacy</h2>"]
     if privacy["dp_guarantee"]:
         parts.append(f'<p class="guarantee">({_text("ε, δ")})-differential privacy with ε = '
@@ -107,8 +107,7 @@ def _privacy_section(privacy: dict[str, Any]) -> str:
     if privacy.get("not_covered_by_epsilon"):
         parts.append(f'<p class="warning">Not covered by ε: {_text(privacy["not_covered_by_epsilon"])}</p>')
     parts.append(_stages(privacy["stages"], "synthesis"))
-    if "evaluation" in privacy:
-        evaluation = privacy["evaluation"]
+    if evaluation:
         parts.append(f"<p>Model selection on the validation split has its own budget, not part of the release's ε: "
                      f"every selection on these validation images, by any evaluation of any release, adds up to "
                      f"ε = {_number(evaluation['epsilon'])}:</p>")
@@ -168,12 +167,17 @@ def _samples_section(path: Path) -> str:
             + _table(["class", "released", "images"], rows, (1,)))
 
 
-def _metrics_section(run: RunDirectory) -> str:
+def _metrics(run: RunDirectory) -> dict[str, Any]:
+    """The run's metrics.json (private: the evaluation against real data), or nothing before an evaluation."""
     path = run.file(METRICS)
-    if not path.exists():
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _metrics_section(run: RunDirectory) -> str:
+    metrics = _metrics(run)
+    if not metrics:
         return ("<h2>Evaluation</h2><p id=\"metrics\">Not evaluated yet: <code>dpsynth evaluate "
                 f"{_text(run.path)}</code> measures the release against real data.</p>")
-    metrics = json.loads(path.read_text())
     images, kid = metrics["images"], metrics["kid"]
     counts = f"{images['synthetic']:,} synthetic vs {images['real']:,} real ({_text(images['real_split'])} split)"
     rows = [["FID", f"{metrics['fid']:.2f}", counts],

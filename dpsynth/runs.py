@@ -157,11 +157,10 @@ class RunDirectory:
         return state, ledger
 
     def write_privacy_report(self, report: dict[str, Any]) -> None:
-        """Write privacy.json: ``report`` with the release manifest (computed at the release, kept afterwards)."""
-        path = self.file(PRIVACY)
-        manifest = (json.loads(path.read_text()).get(MANIFEST) if path.exists() else None) or {
-            Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES) if self.file(name).is_file()}
-        atomic_write_json(path, {**report, MANIFEST: manifest})
+        """Write privacy.json (once, at the release): ``report`` with the manifest of the files released beside it."""
+        manifest = {Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES)
+                    if self.file(name).is_file()}
+        atomic_write_json(self.file(PRIVACY), {**report, MANIFEST: manifest})
 
     def released_files(self) -> set[Path]:
         """The files of ``release/`` that the release step wrote, unchanged since (by privacy.json's manifest)."""
