@@ -10,18 +10,22 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .api import dataset_from_config, plan_budget_for, plan_privacy, resolve_config
 from .config import build_config, parse_overrides
-from .data import DATASETS, Dataset
-from .diffusion.pretrain import PretrainSettings as PretrainDefaults
+from .diffusion.settings import PretrainSettings
 from .errors import DpsynthError
 from .methods import METHODS
-from .runs import PRIVACY
+
+if TYPE_CHECKING:
+    from .data import Dataset
+
+# The handlers import what they need: `dpsynth --help` and a bad argument answer without importing torch.
 
 
 def _data_list(args: argparse.Namespace) -> None:
+    from .data import DATASETS
+
     width = max(map(len, DATASETS))
     for source in DATASETS.values():
         print(f"{source.name:<{width}}  {source.description}\n{'':<{width}}  from: {source.location}")
@@ -29,6 +33,8 @@ def _data_list(args: argparse.Namespace) -> None:
 
 def _load_dataset(name: str, data_dir: str | None, overrides: list[str]) -> Dataset:
     """Dataset ``name`` (from ``data_dir`` when given) with ``dataset.*`` overrides."""
+    from .api import dataset_from_config
+
     pairs = [("dataset.name", name)] + parse_overrides(overrides)
     if data_dir:
         pairs.append(("dataset.data_dir", data_dir))
@@ -78,7 +84,8 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
 
 
 def _pretrain(args: argparse.Namespace) -> None:
-    from .diffusion.pretrain import PretrainSettings, pretrain
+    from .api import resolve_config
+    from .diffusion.pretrain import pretrain
     from .pipeline import pick_device
 
     dataset_keys = [item for item in args.set if item.startswith("dataset.")]
@@ -112,6 +119,8 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
+    from .api import dataset_from_config, plan_privacy, resolve_config
+
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
     plan = plan_privacy(config, dataset_from_config(config).info)
@@ -151,6 +160,7 @@ def _run_processes(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    from .api import dataset_from_config, plan_budget_for, resolve_config
     from .evaluation import METRICS
     from .pipeline import resumable, resume, start
 
@@ -319,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="data_command", required=True)
     data.add_parser("list", help="the datasets dpsynth can load").set_defaults(handler=_data_list)
     info = data.add_parser("info", help="shape, classes, split sizes and location of a dataset")
-    info.add_argument("name", help=f"one of: {', '.join(DATASETS)}")
+    info.add_argument("name", help="a dataset name (`dpsynth data list` shows them)")
     info.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
     _add_set(info)
     info.set_defaults(handler=_data_info)
@@ -333,9 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a class-conditional model shaped as METHOD's (its model and diffusion sections), "
                                "to start its runs from (--init-from); default: an unconditional model for PE")
     pretrain.add_argument("--preset", help="with --for: the preset whose model to shape (default the method's)")
-    pretrain.add_argument("--iterations", type=int, default=PretrainDefaults.iterations, help="Adam steps")
-    pretrain.add_argument("--batch-size", type=int, default=PretrainDefaults.batch_size)
-    pretrain.add_argument("--lr", type=float, default=PretrainDefaults.lr)
+    pretrain.add_argument("--iterations", type=int, default=PretrainSettings.iterations, help="Adam steps")
+    pretrain.add_argument("--batch-size", type=int, default=PretrainSettings.batch_size)
+    pretrain.add_argument("--lr", type=float, default=PretrainSettings.lr)
     pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(pretrain)
     pretrain.set_defaults(handler=_pretrain)
@@ -400,6 +410,8 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
 
 def _how_to_continue(command: str, run_directory: Path | None) -> str:
     """What continues interrupted work: a bench's rerun, the run directory's resume or evaluation."""
+    from .runs import PRIVACY
+
     if command == "bench":
         return "the bench continues from where it stopped when rerun with the same options"
     if run_directory is None:

@@ -2,8 +2,10 @@
 opening a run's report.html in a real headless browser."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import html
+import io
 import json
 import os
 import re
@@ -13,11 +15,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from dpsynth.cli import main
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
 
@@ -83,12 +88,43 @@ def dpsynth_run(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@dataclass(frozen=True)
+class Done:
+    """What a finished command left: its exit status and what it printed."""
+
+    code: int
+    out: str
+    err: str
+
+
+def dpsynth_main(*argv: str) -> Done:
+    """`dpsynth ARGV` in this process: a subprocess would add only an interpreter's start (seconds of imports).
+    Kills, signals and several processes need :func:`dpsynth_run`. torch's thread count, which a run's governor
+    may change, is restored."""
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(argv))
+            except SystemExit as exit_:  # argparse's usage errors
+                code = int(exit_.code or 0)
+    finally:
+        torch.set_num_threads(threads)
+    return Done(code, out.getvalue(), err.getvalue())
+
+
+def run_directory(printed: str) -> Path:
+    """The run directory a run prints first."""
+    line = printed.splitlines()[0] if printed else ""
+    assert line.startswith("run directory: "), printed
+    return Path(line.split(": ", 1)[1].strip())
+
+
 def finished_run(*args: str) -> Path:
-    """The run directory of `dpsynth run ARGS`, run to completion (its stderr shown if it fails)."""
-    process = dpsynth_run(*args)
-    run = started(process)
-    assert process.wait(timeout=300) == 0, process.stderr.read()
-    return run
+    """The run directory of `dpsynth run ARGS`, run to completion in this process (its stderr shown if it fails)."""
+    done = dpsynth_main("run", *args)
+    assert done.code == 0, done.err
+    return run_directory(done.out)
 
 
 def privacy_report(run: Path) -> dict:
@@ -97,10 +133,9 @@ def privacy_report(run: Path) -> dict:
 
 
 def started(process: subprocess.Popen) -> Path:
-    """The run directory the run prints first."""
+    """The run directory a run in a subprocess prints first."""
     line = process.stdout.readline()
-    assert line.startswith("run directory: "), line + process.stderr.read()
-    return Path(line.split(": ", 1)[1].strip())
+    return run_directory(line or process.stderr.read())
 
 
 def kill_when_logged(process: subprocess.Popen, run: Path, matches: Callable[[dict], bool],
@@ -128,8 +163,8 @@ def assert_killed_run_resumes_to(clean_dir: Path, args: list[str], matches: Call
     crash_dir = started(crash)
     kill_when_logged(crash, crash_dir, matches)
     assert not (crash_dir / "release" / "synthetic.npz").exists()
-    resumed = dpsynth_run("--resume", str(crash_dir))
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    resumed = dpsynth_main("run", "--resume", str(crash_dir))
+    assert resumed.code == 0, resumed.err
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
     with np.load(crash_dir / "release" / "synthetic.npz") as a, np.load(clean_dir / "release" / "synthetic.npz") as b:
         assert np.array_equal(a["images"], b["images"])

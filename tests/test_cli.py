@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from opacus.accountants.utils import get_noise_multiplier
@@ -9,6 +12,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.errors import ConfigError
+from dpsynth.methods import METHODS, MODULES
 from dpsynth.privacy import default_delta
 
 
@@ -100,10 +104,6 @@ def test_resolved_config_applies_preset_then_overrides():
 
 
 def test_console_script_and_module_entry_points():
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(sys.executable).with_name("dpsynth")
     listed = subprocess.run([str(script), "data", "list"], capture_output=True, text=True, check=True)
     assert "fashion-mnist" in listed.stdout
@@ -111,3 +111,19 @@ def test_console_script_and_module_entry_points():
                             capture_output=True, text=True)
     assert failed.returncode == 2
     assert failed.stderr.strip() == "dpsynth: error: epsilon must be a positive number, got -2.0"
+
+
+def test_help_and_a_bad_argument_are_answered_without_importing_torch():
+    probe = ("import sys\nfrom dpsynth.cli import main\n"
+             "for argv in (['--help'], ['run', '--help'], ['pretrain', '--help'], ['run', '--nproc', 'two']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "heavy = ('torch', 'numpy', 'diffusers', 'dp_accounting')\n"
+             "print('imported:', sorted(m for m in heavy if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "usage: dpsynth run" in done.stdout and "--iterations ITERATIONS" in done.stdout
+    assert "argument --nproc: invalid int value: 'two'" in done.stderr
+    assert done.stdout.splitlines()[-1] == "imported: []"
+
+
+def test_every_listed_method_registers_itself_under_its_name():
+    assert list(METHODS) == list(MODULES) and all(METHODS[name].name == name for name in MODULES)

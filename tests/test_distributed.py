@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dpsynth_run, finished_run, privacy_report, secret_stream, started
+from conftest import dpsynth_main, dpsynth_run, privacy_report, secret_stream, started
 from test_dp_feta import TINY as DP_FETA
 from test_dp_imgsyn import TINY as DP_IMGSYN
 from test_dp_sad import tiny as dp_sad
@@ -85,10 +85,9 @@ def _set(*settings: str) -> list[str]:
 
 
 # Each method's tiny run from its own tests, with fewer steps and RDP (a later --set wins): the ledger must be
-# the plan whatever the count and the accountant. DP-SAD's fixed two threads (for its resume test) would
-# oversubscribe two processes.
-METHODS = {"dpdm": ["dpdm", *DPDM, *_set("dpsgd.epochs=0.25", "privacy.accountant=rdp")],
-           "dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
+# the plan whatever the count and the accountant (DPDM's: the clean run of the kill-and-resume test below).
+# DP-SAD's fixed two threads (for its resume test) would oversubscribe two processes.
+METHODS = {"dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
            "feta-pro": [*FETA_PRO, *_set("dpsgd.epochs=0.15", "warmup.iterations=3", "frequency_warmup.iterations=4")],
            "pe": PE, "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
            "dp-sad": [*dp_sad(Path("overridden"), threads="auto"),  # run.out_dir is set again below
@@ -99,12 +98,17 @@ def _processes(args: list[str], out: Path) -> list[str]:
     return [*args, "--nproc", "2", "--set", f"run.out_dir={out}"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path, method):
+def finished_on_two_processes(args: list[str], out: Path) -> Path:
+    """The run directory of `dpsynth run ARGS --nproc 2`, run to completion (in a subprocess: the ranks print)."""
+    process = dpsynth_run(*_processes(args, out))
+    run = started(process)
+    assert process.wait(timeout=300) == 0, process.stderr.read()
+    return run
+
+
+def assert_ledger_is_the_one_process_plan(two: Path) -> None:
     """A one-process run's ledger is its plan, event for event (the release checks it, every method's own
     tests run it): the two-process ledger must be that plan too."""
-    two = finished_run(*_processes(METHODS[method], tmp_path / "two"))
     config = RunDirectory.open(two).config()
     plan = plan_budget_for(config, dataset_from_config(config).info)
     assert PrivacyLedger.load(two / "ledger.json").stages() == plan.stages
@@ -117,9 +121,17 @@ def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path, method):
+    assert_ledger_is_the_one_process_plan(finished_on_two_processes(METHODS[method], tmp_path / "two"))
+
+
+@pytest.mark.slow
 def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_path):
+    """DPDM's two-process run is also the one that shows its ledger is the one-process plan."""
     dpdm = ["dpdm", *DPDM, *_set("dpsgd.epochs=0.5", "privacy.accountant=rdp")]  # 11 steps, checkpoints at 5, 10
-    clean = finished_run(*_processes(dpdm, tmp_path / "clean"))
+    clean = finished_on_two_processes(dpdm, tmp_path / "clean")
+    assert_ledger_is_the_one_process_plan(clean)
     crash = subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *_processes(dpdm, tmp_path / "crash")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -143,20 +155,18 @@ def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_pat
     (["dpdm", *DPDM, "--nproc", "2", "--set", "dpsgd.clip=-1"], "dpsgd.clip"),  # checked before any process starts
     (["--resume", "no-such-run", "--nproc", "2"], "no-such-run: not a dpsynth run directory"),
 ])
-def test_bad_input_with_nproc_stops_with_one_line_before_starting_processes(tmp_path, args, message):
-    done = subprocess.run([sys.executable, "-m", "dpsynth", "run", *args, "--set", f"run.out_dir={tmp_path}"]
-                          if "--resume" not in args else [sys.executable, "-m", "dpsynth", "run", *args],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
-    assert "OMP_NUM_THREADS" not in done.stderr and not any(tmp_path.iterdir())  # no torchrun, no run directory
+def test_bad_input_with_nproc_stops_with_one_line_before_starting_processes(tmp_path, args, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    done = dpsynth_main("run", *args, *(["--set", f"run.out_dir={tmp_path}"] if "--resume" not in args else []))
+    assert done.code == 2 and message in done.err and "Traceback" not in done.err
+    assert "OMP_NUM_THREADS" not in done.err and not any(tmp_path.iterdir())  # no torchrun, no run directory
 
 
 def test_a_damaged_config_is_refused_before_resuming(tmp_path):
     (tmp_path / "config.yaml").write_text("method: dpdm\n")
-    done = subprocess.run([sys.executable, "-m", "dpsynth", "run", "--resume", str(tmp_path)], capture_output=True,
-                          text=True)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"{tmp_path / 'config.yaml'}: missing " in done.stderr
+    done = dpsynth_main("run", "--resume", str(tmp_path))
+    assert done.code == 2 and "Traceback" not in done.err
+    assert f"{tmp_path / 'config.yaml'}: missing " in done.err
 
 
 def test_a_failing_rank_ends_the_run_with_one_line_naming_it(tmp_path):

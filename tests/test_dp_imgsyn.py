@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report, secret_stream
+from conftest import assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
 
 from dpsynth.api import dataset_from_config
 from dpsynth.errors import DataError
@@ -151,9 +151,8 @@ def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and
 
 
 def test_the_private_dataset_cannot_be_its_own_public_set(tmp_path):
-    process = dpsynth_run(*TINY, "--public", "mnist-5k", "--set", f"run.out_dir={tmp_path}")
-    out, err = process.communicate(timeout=300)
-    assert process.returncode != 0 and "alignment.public" in err and "Traceback" not in err, err
+    done = dpsynth_main("run", *TINY, "--public", "mnist-5k", "--set", f"run.out_dir={tmp_path}")
+    assert done.code != 0 and "alignment.public" in done.err and "Traceback" not in done.err, done.err
 
 
 

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, assert_report_matches, finished_run, privacy_report
+from conftest import assert_killed_run_resumes_to, assert_report_matches, dpsynth_main, finished_run, privacy_report
 from diffusers import DDPMScheduler
 
 from dpsynth.diffusion import Diffusion
@@ -56,19 +54,15 @@ def test_default_run_accounts_teacher_and_student_then_resumes_from_the_student_
 
 
 def test_non_private_teacher_needs_the_flag_and_then_yields_no_epsilon_anywhere(tmp_path):
-    refused = subprocess.run([sys.executable, "-m", "dpsynth", "run",
-                              *tiny(tmp_path, "--set", "teacher.training=non-private")],
-                             capture_output=True, text=True)
-    assert refused.returncode == 2
-    assert "teacher of dp-sad use the private data without noise" in refused.stderr
-    assert "--allow-non-private" in refused.stderr and not list(tmp_path.glob("*"))
+    refused = dpsynth_main("run", *tiny(tmp_path, "--set", "teacher.training=non-private"))
+    assert refused.code == 2
+    assert "teacher of dp-sad use the private data without noise" in refused.err
+    assert "--allow-non-private" in refused.err and not list(tmp_path.glob("*"))
 
-    process = subprocess.run([sys.executable, "-m", "dpsynth", "run", "--allow-non-private",
-                              *tiny(tmp_path, "--set", "teacher.training=non-private")],
-                             capture_output=True, text=True)
-    assert process.returncode == 0, process.stderr
-    assert "NO differential-privacy guarantee" in process.stderr  # the warning
-    assert "released 30 images with NO differential-privacy guarantee" in process.stdout
+    done = dpsynth_main("run", "--allow-non-private", *tiny(tmp_path, "--set", "teacher.training=non-private"))
+    assert done.code == 0, done.err
+    assert "NO differential-privacy guarantee" in done.err  # the warning
+    assert "released 30 images with NO differential-privacy guarantee" in done.out
     (run,) = tmp_path.glob("dp-sad-digits-nodp-*")
     report = privacy_report(run)
     assert report["dp_guarantee"] is False and "teacher" in report["no_guarantee"]

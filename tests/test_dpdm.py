@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import assert_report_matches, kill_after_recorded_steps
+from conftest import (
+    assert_report_matches,
+    dpsynth_main,
+    dpsynth_run,
+    finished_run,
+    kill_after_recorded_steps,
+    run_directory,
+    started,
+)
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.diffusion import Diffusion
@@ -31,29 +35,15 @@ TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
 RDP = ["--set", "privacy.accountant=rdp"]  # where the accountant is not under test: RDP calibrates 4x faster
 
 
-def dpsynth(*args: str, out_dir: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "dpsynth", "run", *args]
-    if "--resume" not in args:
-        command += ["--set", f"run.out_dir={out_dir}"]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def run_dir_of(process: subprocess.Popen) -> Path:
-    line = process.stdout.readline()
-    assert line.startswith("run directory: "), line + process.stderr.read()
-    return Path(line.split(": ", 1)[1].strip())
-
-
 def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=30", "evaluation.num_real=30",
                   "evaluation.classifiers=[cnn]", "evaluation.classifier_epochs=2", "evaluation.classifier_seeds=1",
                   "evaluation.kid_subsets=5",
                   "evaluation.kid_subset_size=10", f"evaluation.cache_dir={tmp_path / 'cache'}"]
-    process = dpsynth("dpdm", *TINY, *[arg for pair in evaluation for arg in ("--set", pair)], out_dir=tmp_path)
-    run = run_dir_of(process)
-    assert process.wait(timeout=300) == 0, process.stderr.read()
-    printed = process.stdout.read()
+    done = dpsynth_main("run", "dpdm", *TINY, *[arg for pair in [*evaluation, f"run.out_dir={tmp_path}"]
+                                                for arg in ("--set", pair)])
+    assert done.code == 0, done.err
+    run, printed = run_directory(done.out), done.out
     assert "FID " in printed and "[30 synthetic vs 30 real (train split)]" in printed and "accuracy  cnn" in printed
     report = json.loads((run / "release" / "privacy.json").read_text())
     assert report["epsilon"] <= 8.0 and report["target_epsilon"] == 8.0
@@ -85,17 +75,15 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
-    clean = dpsynth("dpdm", *TINY, *RDP, out_dir=tmp_path / "clean")
-    clean_dir = run_dir_of(clean)
-    assert clean.wait(timeout=300) == 0, clean.stderr.read()
-
-    crash = dpsynth("dpdm", *TINY, *RDP, out_dir=tmp_path / "crash")
-    crash_dir = run_dir_of(crash)
+    clean_dir = finished_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    crash = dpsynth_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'crash'}")
+    crash_dir = started(crash)
     kill_after_recorded_steps(crash, crash_dir, 7, timeout=300)  # checkpoint at 5
     assert not (crash_dir / "release" / "synthetic.npz").exists()
 
-    resumed = dpsynth("--resume", str(crash_dir), out_dir=tmp_path)
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    resumed = dpsynth_main("run", "--resume", str(crash_dir))
+    assert resumed.code == 0, resumed.err
+    assert "ledger_rewound" in (crash_dir / "log.jsonl").read_text()  # 7 steps recorded, the checkpoint held 5
     assert PrivacyLedger.load(crash_dir / "ledger.json") == PrivacyLedger.load(clean_dir / "ledger.json")
     reports = [json.loads((run / "release" / "privacy.json").read_text()) for run in (crash_dir, clean_dir)]
     assert reports[0] == reports[1]

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, dpsynth_run, finished_run, privacy_report, secret_stream
+from conftest import assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
 from diffusers import DDPMPipeline, DDPMScheduler
 from scipy.optimize import brentq
 from scipy.stats import norm
@@ -158,9 +158,8 @@ def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_th
 def test_bad_pe_settings_are_config_errors(tmp_path):
     for extra, message in ((["--set", "pe.degrees=[0.5,1.5,0.3]"], "pe.degrees"), (["--api", "dalle"], "api.name"),
                            (["--set", "pe.class_counts=public"], "pe.class_counts")):
-        run = dpsynth_run(*TINY, *extra, "--set", f"run.out_dir={tmp_path}")
-        out, err = run.communicate(timeout=120)
-        assert run.returncode != 0 and message in err and "Traceback" not in err, err
+        done = dpsynth_main("run", *TINY, *extra, "--set", f"run.out_dir={tmp_path}")
+        assert done.code != 0 and message in done.err and "Traceback" not in done.err, done.err
 
 
 def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
@@ -174,13 +173,12 @@ def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
 
 
 def test_the_nonprivate_debug_distance_is_logged_only_on_request_and_flagged_in_the_privacy_report(tmp_path):
-    process = dpsynth_run(*TINY, "--set", "pe.iterations=2", "--set", "pe.debug_nonprivate_fd=true",
-                          "--set", f"run.out_dir={tmp_path}")
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err
+    done = dpsynth_main("run", *TINY, "--set", "pe.iterations=2", "--set", "pe.debug_nonprivate_fd=true",
+                        "--set", f"run.out_dir={tmp_path}")
+    assert done.code == 0, done.err
     run = next(tmp_path.iterdir())
     debug = [e for e in map(json.loads, (run / "log.jsonl").read_text().splitlines())
              if e["event"] == "pe-debug-NONPRIVATE"]
     assert [e["iteration"] for e in debug] == [0, 1, 2] and all(e["frechet_distance"] > 0 for e in debug)
     (caveat,) = privacy_report(run)["not_covered_by_epsilon"]
-    assert "log.jsonl" in caveat and "pe.debug_nonprivate_fd is on" in err
+    assert "log.jsonl" in caveat and "pe.debug_nonprivate_fd is on" in done.err

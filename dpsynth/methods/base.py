@@ -180,17 +180,10 @@ class Method(ABC):
         """``num_samples`` images in [0, 1] with labels (and soft labels or None); no private data is read."""
 
 
-METHODS: dict[str, type[Method]] = {}
+REGISTERED: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator adding a method to the registry under its ``name``."""
-    METHODS[cls.name] = cls
+    """Class decorator adding a method to the registry (``dpsynth.methods.METHODS``) under its ``name``."""
+    REGISTERED[cls.name] = cls
     return cls
-
-
-def get_method(name: str) -> type[Method]:
-    """The registered method ``name``; ConfigError listing the known ones otherwise."""
-    if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
-    return METHODS[name]

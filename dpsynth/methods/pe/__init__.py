@@ -27,7 +27,6 @@ from ...config import choice_setting, positive_setting
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS
 from ...data.glyphs import find_fonts
-from ...diffusion.pretrain import public_fingerprints
 from ...errors import ConfigError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
@@ -109,6 +108,8 @@ class PrivateEvolution(Method):
         model = self.config["api"]["model"]
         if self.config["api"]["name"] != "diffusion" or not model:
             return {}
+        from ...diffusion.pretrain import public_fingerprints  # diffusers' import is for the diffusion API alone
+
         prints = public_fingerprints(model)
         if prints is None:
             warnings.warn(f"api.model {model} holds no {FINGERPRINTS} (dpsynth pretrain writes one): its training "
