@@ -2,7 +2,7 @@
 # Idempotent set-up on a fresh Debian machine, as root: system packages, a virtual environment in .venv,
 # the CPU build of PyTorch (pinned first, so no dependency pulls a multi-GB CUDA build), then dpsynth.
 # --tests adds what only the test suite needs: Debian's chromium (about 300 MB: the report test opens
-# report.html in it), pytest, Opacus and MkDocs.
+# report.html in it), pytest and pytest-xdist, Opacus and MkDocs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import threadpoolctl
 import torch
 
 from dpsynth.cli import main
@@ -30,6 +31,33 @@ from dpsynth.privacy.randomness import SecretStream, derived_key
 def secret_stream(seed: int = 0) -> SecretStream:
     """A noise stream keyed from ``seed``: recomputable, so for tests only."""
     return SecretStream(derived_key(seed, "test"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) each worker, and every process it starts, keeps to its own share of the
+    cores with one thread per core: workers that each took every core would oversubscribe them, and the
+    waiting threads of OpenMP and OpenBLAS then slow everything many times over. One thread also keeps the
+    thread governor of a run at one count, so a resumed run rounds as its clean run did."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cores, workers = sorted(os.sched_getaffinity(0)), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    index = int(worker.removeprefix("gw"))
+    share = cores[index::workers] if workers <= len(cores) else [cores[index % len(cores)]]
+    os.sched_setaffinity(0, share)
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(len(share))
+    threadpoolctl.threadpool_limits(len(share))
+    torch.set_num_threads(len(share))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, tests marked ``alone`` are skipped: another worker shares the machine. The
+    README's test command runs them after the workers, with ``-m alone``."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        for item in items:
+            if item.get_closest_marker("alone"):
+                item.add_marker(pytest.mark.skip(reason="needs the machine to itself: run with pytest -m alone"))
 
 
 @pytest.fixture(autouse=True)

@@ -11,11 +11,12 @@ from conftest import assert_killed_run_resumes_to, assert_report_matches, dpsynt
 from diffusers import DDPMScheduler
 
 from dpsynth.diffusion import Diffusion
+from dpsynth.hardware import usable_cores
 from dpsynth.methods.dp_sad.distillation import Discriminator, discriminator_loss
 from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
 
 
-def tiny(out_dir: Path, *extra: str, threads: str = "2") -> list[str]:
+def tiny(out_dir: Path, *extra: str, threads: str = str(usable_cores())) -> list[str]:
     settings = ["model.block_channels=[8, 16]", "model.norm_groups=4", "teacher.batch_size=64", "teacher.epochs=0.5",
                 "student.batch_size=64", "student.epochs=0.5", "teacher.checkpoint_every=3",
                 "student.checkpoint_every=3", "sampling.num_samples=30", "diffusion.sample_steps=4",

@@ -62,6 +62,7 @@ def test_bad_hardware_settings_are_refused_when_the_config_is_built():
         resolve_config("dpdm", overrides=["sampling.compile=maybe"])
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(usable_cores() < 2 or not os.path.exists("/proc/stat"), reason="needs 2 cores and /proc/stat")
 def test_the_governor_gives_up_the_cores_another_process_keeps_busy():
     torch.set_num_threads(usable_cores())
