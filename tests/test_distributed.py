@@ -86,7 +86,7 @@ def _set(*settings: str) -> list[str]:
 
 # Each method's tiny run from its own tests, with fewer steps and RDP (a later --set wins): the ledger must be
 # the plan whatever the count and the accountant (DPDM's: the clean run of the kill-and-resume test below).
-# DP-SAD's fixed two threads (for its resume test) would oversubscribe two processes.
+# DP-SAD's fixed thread count (for its resume test) would oversubscribe two processes.
 METHODS = {"dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
            "feta-pro": [*FETA_PRO, *_set("dpsgd.epochs=0.15", "warmup.iterations=3", "frequency_warmup.iterations=4")],
            "pe": PE, "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
