@@ -1,7 +1,7 @@
 """DP-MERF (Harder et al. 2021): one release of noisy per-class mean random Fourier features, then a one-step
 generator fitted to them; its images are the release.
 
-The features and the generator are FETA-Pro's (:mod:`.feta_pro.features`, :mod:`.feta_pro.auxiliary`). The
+The features and the generator are shared with FETA-Pro (:mod:`.random_features`, :mod:`.feature_generator`). The
 release is one Gaussian mechanism on the C x (D + 1) matrix whose row c holds class c's feature sum and size:
 adding or removing an image of class c changes row c by (phi(x), 1), of L2 norm sqrt(2) since ||phi(x)|| = 1,
 and no other row. Its noise is calibrated to spend the whole budget. Each class's mean is its noisy sum over
@@ -22,8 +22,8 @@ from ..privacy.mechanisms import release_gaussian
 from ..privacy.randomness import SecretStream
 from ..utils.images import class_grid, save_png, to_uint8
 from .base import Method, Release, RunContext, register
-from .feta_pro.auxiliary import GeneratorSettings, fit_generator, generated_set
-from .feta_pro.features import RandomFourierFeatures
+from .feature_generator import GeneratorSettings, fit_generator, generated_set
+from .random_features import RandomFourierFeatures
 
 STAGE = "rff-means"
 SENSITIVITY = math.sqrt(2)  # one image moves its class's (feature sum, size) row by (phi(x), 1)

@@ -20,8 +20,8 @@ from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dp_feta import DPFETA, LossFn, _merged
-from .auxiliary import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
-from .features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from ..feature_generator import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
+from ..random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
 # Phases of each curriculum order; "no-auxiliary" fits the diffusion model's own samples to the features.

@@ -18,9 +18,9 @@ from ...data import ImageSet
 from ...methods.dp_feta.central import CentralQuery, central_images
 from ...methods.dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
 from ...methods.dp_merf import released_class_means
-from ...methods.feta_pro.features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from ...methods.pe.histogram import dp_histograms, nearest_neighbour_votes
 from ...methods.privimage import semantic_histogram
+from ...methods.random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from ...models.classifiers import group_norm_resnet
 from .. import GaussianMechanism, PrivacyLedger
 from ..dpsgd import DPSGD, DpsgdSettings

@@ -1,4 +1,5 @@
-"""Frequency features (FETA-Pro Eq. 5-6): random Fourier features and their DP per-class means.
+"""Random Fourier features and their DP per-class means: FETA-Pro's frequency features (Eq. 5-6) and DP-MERF's
+mean embeddings.
 
 phi(x) = sqrt(2 / D) [cos(W x), sin(W x)] with the D / 2 rows of W drawn from N(0, I / bandwidth), so
 ||phi(x)|| = 1 exactly for every image x. The frequencies W are public: drawn from a fixed seed, never
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...data import ImageSet
-from ...errors import ConfigError
-from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
-from ...privacy.mechanisms import gaussian_noise, noisy_count
-from ...privacy.randomness import SecretStream
+from ..data import ImageSet
+from ..errors import ConfigError
+from ..privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
+from ..privacy.mechanisms import gaussian_noise, noisy_count
+from ..privacy.randomness import SecretStream
 
 
 class RandomFourierFeatures:

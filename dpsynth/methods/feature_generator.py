@@ -1,4 +1,5 @@
-"""FETA-Pro's auxiliary generator (Eq. 8): a one-step generator fitted to the noisy mean frequency features.
+"""A one-step generator fitted to noisy mean random features: FETA-Pro's auxiliary generator (Eq. 8) and
+DP-MERF's generator.
 
 The critic is explicit, as in DP-MERF: per class, the squared distance between the mean features of a
 generated batch and the noisy private mean. It reads only the released means, so training is
@@ -11,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ...data import ImageSet
-from ...models.generator import ConditionalGenerator
-from .features import RandomFourierFeatures
+from ..data import ImageSet
+from ..models.generator import ConditionalGenerator
+from .random_features import RandomFourierFeatures
 
 
 @dataclass(frozen=True)
