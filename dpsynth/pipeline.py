@@ -35,6 +35,7 @@ from .methods.base import Method, RunContext
 from .privacy import (
     Accountant,
     GaussianMechanism,
+    LedgerPlan,
     PrivacyLedger,
     budget_report,
     check_within_plan,
@@ -148,16 +149,16 @@ def _naming(run: RunDirectory) -> Iterator[None]:
         raise error.in_run(run.path) from None
 
 
-def _restored(run: RunDirectory, world: World, settings: dict[str, Any]
+def _restored(run: RunDirectory, world: World, settings: dict[str, Any], plan: LedgerPlan
               ) -> tuple[dict[str, Any] | None, PrivacyLedger]:
-    """Rank 0's restored checkpoint state and ledger on every rank (the others' ledger is in memory only);
-    DpsynthError naming the key when the config's ``settings`` differ from the checkpoint's."""
+    """Rank 0's restored checkpoint state and ledger, made with ``plan``, on every rank (the others' ledger is
+    in memory only); DpsynthError naming the key when the config's ``settings`` differ from the checkpoint's."""
     if world.is_main:
-        state, ledger = run.restore(settings)
+        state, ledger = run.restore(settings, plan)
         world.broadcast_object((state, ledger.to_dict()))
         return state, ledger
     received: tuple[dict[str, Any] | None, dict[str, Any]] = world.broadcast_object(None)
-    return received[0], PrivacyLedger.from_dict(received[1])
+    return received[0], PrivacyLedger.from_dict(received[1], plan=plan)
 
 
 def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World
@@ -172,10 +173,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
         budget = plan_budget_for(config, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
     settings = fixed_settings(config)
-    state, ledger = _restored(run, world, settings)
-    allow_non_private = bool(config["run"]["allow_non_private"])
-    ledger.check = lambda stages: check_within_plan(stages, plan, allow_non_private)  # before each mechanism runs
-    check_within_plan(ledger.stages(), plan, allow_non_private)  # a restored ledger too
+    state, ledger = _restored(run, world, settings, LedgerPlan(plan, bool(config["run"]["allow_non_private"])))
     if SIZE_STAGE in plan and SIZE_STAGE not in ledger.stages():  # drawn by _with_size, before the first checkpoint
         ledger.record(SIZE_STAGE, GaussianMechanism(SIZE_NOISE))
     if world.is_main:
@@ -189,8 +187,9 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     governor = thread_governor(config["run"]["threads"])
     if world.is_main:
         run.record_hardware(hardware_choices(config, device))
-    context = RunContext(dataset, run, plan, ledger, accountant, delta, device, secret_generator(keys["training"]),
-                         SecretStream(keys["noise"]), state, world, allow_non_private, governor, settings=settings)
+    context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
+                         generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
+                         world=world, governor=governor, settings=settings)
     method.fit(context)
     return method, context, budget
 

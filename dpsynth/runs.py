@@ -36,7 +36,7 @@ import torch
 
 from .config import Config, dump_config, load_config
 from .errors import DpsynthError
-from .privacy import PrivacyLedger
+from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
 from .utils.io import atomic_write, atomic_write_json, atomic_write_text
 
@@ -136,19 +136,21 @@ class RunDirectory:
         if self.file(CHECKPOINT).exists():
             self._write_checkpoint(_without_keys(self._read_checkpoint()))
 
-    def restore(self, settings: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, PrivacyLedger]:
-        """The last checkpoint's state (None without one) and the ledger that covers it; DpsynthError naming the
-        key when one of the checkpoint's settings differs from ``settings`` (config.yaml edited since).
+    def restore(self, settings: dict[str, Any] | None = None, plan: LedgerPlan | None = None
+                ) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+        """The last checkpoint's state (None without one) and the ledger that covers it, made with ``plan``;
+        DpsynthError naming the key when one of the checkpoint's settings differs from ``settings`` (config.yaml
+        edited since), PrivacyError when the ledger holds more than the plan allows.
 
         The ledger file is rewound to that ledger (an empty one without a checkpoint), and the rewind is
         logged when the file had run ahead.
         """
         state = None
-        ledger = PrivacyLedger(self.file(LEDGER))
+        ledger = PrivacyLedger(self.file(LEDGER), plan=plan)
         if self.file(CHECKPOINT).exists():
             saved = self._read_checkpoint()
             _check_settings(saved.get("settings", {}), settings, self.file(CONFIG))
-            state, ledger = saved["state"], PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER))
+            state, ledger = saved["state"], PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER), plan)
         on_disk = self.ledger()
         if on_disk != ledger:
             self.log("ledger_rewound", reason="mechanisms ran after the last checkpoint; their outputs were lost",

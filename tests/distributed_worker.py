@@ -20,7 +20,7 @@ from dpsynth.methods.pe import PrivateEvolution, class_embeddings
 from dpsynth.methods.pe.apis import Samples
 from dpsynth.methods.pe.embeddings import PixelEmbedding
 from dpsynth.methods.pe.histogram import nearest_neighbour_votes
-from dpsynth.privacy import Accountant, PrivacyLedger
+from dpsynth.privacy import Accountant, Event, LedgerPlan, PrivacyLedger, SubsampledGaussianMechanism
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import clip_rows
 from dpsynth.privacy.randomness import SecretStream, derived_key
@@ -29,10 +29,11 @@ from dpsynth.runs import RunDirectory
 SEED, SIGMA, CLIP = 7, 2.0, 1.0
 
 
-def context(world: World, out: Path) -> RunContext:
-    dataset = load_dataset("digits")
-    return RunContext(dataset, RunDirectory(out), {}, PrivacyLedger(), Accountant("pld"), 1e-5, torch.device("cpu"),
-                      torch.Generator().manual_seed(SEED), SecretStream(derived_key(SEED, "test")), None, world)
+def context(world: World, out: Path, plan: dict[str, list[Event]] | None = None) -> RunContext:
+    return RunContext(dataset=load_dataset("digits"), run=RunDirectory(out),
+                      ledger=PrivacyLedger(plan=LedgerPlan(plan or {})), accountant=Accountant("pld"), delta=1e-5,
+                      device=torch.device("cpu"), generator=torch.Generator().manual_seed(SEED),
+                      noise=SecretStream(derived_key(SEED, "test")), world=world)
 
 
 def linear_loss(model: Any, x: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,8 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
     """Five noisy steps on a zero gradient (the update is the noise) and one exact step (all examples,
     negligible noise): the indices each rank processed, the noise std, and the exact sum against its formula."""
     data = torch.randn(1000, 20000, generator=torch.Generator().manual_seed(1)) * 0.02
-    ctx = context(world, out)
+    ctx = context(world, out, {"dp-sgd": [SubsampledGaussianMechanism(SIGMA, 0.1, 5),
+                                          SubsampledGaussianMechanism(1e-9, 1.0, 1)]})
     model = nn.Linear(20000, 1, bias=False)
     nn.init.zeros_(model.weight)
     seen: list[list[int]] = []

@@ -21,6 +21,7 @@ from dpsynth.pipeline import start, user_seed
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,
+    LedgerPlan,
     NonPrivateAccess,
     PrivacyLedger,
     SubsampledGaussianMechanism,
@@ -127,8 +128,7 @@ def test_pretrain_records_its_data_and_pe_refuses_a_model_trained_on_the_private
 
 def test_the_ledger_stops_a_mechanism_beyond_the_plan():
     plan = {"dp-sgd": [SubsampledGaussianMechanism(2.0, 0.1, 3)]}
-    ledger = PrivacyLedger()
-    ledger.check = lambda stages: check_within_plan(stages, plan, allow_non_private=False)
+    ledger = PrivacyLedger(plan=LedgerPlan(plan))
     for _ in range(3):
         ledger.record("dp-sgd", SubsampledGaussianMechanism(2.0, 0.1))
     check_within_plan(ledger.stages(), plan, False, complete=True)
@@ -145,13 +145,24 @@ def test_the_ledger_stops_a_mechanism_beyond_the_plan():
 
 def test_a_plan_event_of_another_type_stops_the_method(tmp_path):
     dataset = load_dataset("digits")
-    context = RunContext(dataset, RunDirectory(tmp_path), {"dp-sgd": [NonPrivateAccess(5)]}, PrivacyLedger(),
-                         Accountant("pld"), 1e-5, torch.device("cpu"), torch.Generator(), secret_stream())
+    plan = {"dp-sgd": [NonPrivateAccess(5)]}
+
+    def context(ledger: PrivacyLedger) -> RunContext:
+        return RunContext(dataset=dataset, run=RunDirectory(tmp_path), ledger=ledger, accountant=Accountant("pld"),
+                          delta=1e-5, device=torch.device("cpu"), generator=torch.Generator(), noise=secret_stream())
+
     with pytest.raises(PrivacyError, match="not one SubsampledGaussianMechanism"):
-        context.planned_event("dp-sgd", SubsampledGaussianMechanism, NonPrivateAccess)  # DPDM without noise
-    allowed = RunContext(dataset, RunDirectory(tmp_path), context.plan, PrivacyLedger(), Accountant("pld"), 1e-5,
-                         torch.device("cpu"), torch.Generator(), secret_stream(), allow_non_private=True)
+        context(PrivacyLedger(plan=LedgerPlan(plan))).planned_event("dp-sgd", SubsampledGaussianMechanism,
+                                                                    NonPrivateAccess)  # DPDM without noise
+    allowed = context(PrivacyLedger(plan=LedgerPlan(plan, allow_non_private=True)))
     assert allowed.planned_event("dp-sgd", SubsampledGaussianMechanism, NonPrivateAccess) == NonPrivateAccess(5)
+    with pytest.raises(PrivacyError, match="must carry its privacy plan"):
+        context(PrivacyLedger())  # a run's ledger without its plan: nothing would stop a mechanism beyond it
+    ran_ahead = PrivacyLedger()  # a ledger without a plan records whatever it is given (an audit's, a script's)
+    for _ in range(2):
+        ran_ahead.record("s", GaussianMechanism(1.0))
+    with pytest.raises(PrivacyError, match="beyond its plan"):  # restored with a plan it ran ahead of
+        PrivacyLedger(entries=list(ran_ahead), plan=LedgerPlan({"s": [GaussianMechanism(1.0)]}))
 
 
 def test_a_non_finite_per_example_gradient_is_dropped_not_spread():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -14,7 +14,7 @@ from ..data import Dataset, DatasetInfo, ImageSet
 from ..distributed import World
 from ..errors import ConfigError, PrivacyError
 from ..hardware import ThreadGovernor
-from ..privacy import Accountant, Event, NonPrivateAccess, PlannedStage, PrivacyLedger
+from ..privacy import Accountant, Event, LedgerPlan, NonPrivateAccess, PlannedStage, PrivacyLedger
 from ..privacy.randomness import SecretStream
 from ..runs import RunDirectory
 from ..utils.progress import PrivacyProgress
@@ -23,11 +23,12 @@ T = TypeVar("T")
 E = TypeVar("E")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunContext:
     """What a method's ``fit`` gets: data, privacy plan and ledger, device, RNG and checkpointing.
 
-    ``plan`` maps each stage to its events with the calibrated noise filled in. ``state`` is the last
+    The ledger carries the run's plan (:class:`~dpsynth.privacy.LedgerPlan`): ``plan`` maps each stage to its
+    events with the calibrated noise filled in, and the ledger refuses a mechanism beyond it. ``state`` is the last
     checkpoint's state on resume (None on a fresh run); ``checkpoint(state)`` saves one together with
     the ledger that covers it.
 
@@ -41,7 +42,6 @@ class RunContext:
 
     dataset: Dataset
     run: RunDirectory
-    plan: dict[str, list[Event]]
     ledger: PrivacyLedger
     accountant: Accountant
     delta: float
@@ -50,14 +50,32 @@ class RunContext:
     noise: SecretStream
     state: dict[str, Any] | None = None
     world: World = field(default_factory=World)
-    allow_non_private: bool = False
     governor: ThreadGovernor | None = None
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
     settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
 
     def __post_init__(self) -> None:
+        self.ledger_plan  # noqa: B018  (refuses a ledger without a plan before anything runs)
         if self.example_generator is None:
             self.example_generator = self.generator if self.world.size == 1 else torch.Generator()
+
+    @property
+    def ledger_plan(self) -> LedgerPlan:
+        """The plan the ledger checks every mechanism against; PrivacyError when it has none."""
+        if self.ledger.plan is None:
+            raise PrivacyError("a run's ledger must carry its privacy plan (PrivacyLedger(plan=LedgerPlan(...))): "
+                               "without one nothing stops a mechanism beyond the plan")
+        return self.ledger.plan
+
+    @property
+    def plan(self) -> Mapping[str, Sequence[Event]]:
+        """The planned events of each stage."""
+        return self.ledger_plan.stages
+
+    @property
+    def allow_non_private(self) -> bool:
+        """Whether a stage may use the private data without noise (``run.allow_non_private``)."""
+        return self.ledger_plan.allow_non_private
 
     def planned_event(self, stage: str, *kinds: type[E]) -> E:
         """The one planned event of ``stage``; PrivacyError unless it is of one of the ``kinds`` the method

@@ -1,7 +1,7 @@
 """DPDM (Dockhorn et al. 2023): a diffusion model trained with DP-SGD; DP-FETA without its warm-up."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ from ..diffusion.pretrain import init_from_public, public_fingerprints, read_pre
 from ..errors import DataError
 from ..hardware import resolve_bf16
 from ..models import build_unet
-from ..privacy import DpsgdSchedule, NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
+from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import memory_limited_by, to_device
 from .base import Method, Release, RunContext, register
@@ -128,13 +128,16 @@ class DPDM(Method):
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
         ema = EMA(model, settings["ema"])
-        schedule = DpsgdSchedule(settings["batch_size"], settings["epochs"], context.dataset.info.num_train)
-        noise = event.noise_multiplier if isinstance(event, SubsampledGaussianMechanism) else None  # non-private
+        if isinstance(event, SubsampledGaussianMechanism):  # the plan's noise, rate and steps, as accounted
+            noise, rate, steps = event.noise_multiplier, event.sample_rate, event.steps
+        else:  # a non-private stage: no noise, the rate of the configured batch
+            rate = dpsgd_schedule(self.config, section, context.dataset.info.num_train).sample_rate
+            noise, steps = None, cast(NonPrivateAccess, event).count
         bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
-        engine = DpsgdSettings(noise, settings["clip"], schedule.sample_rate, settings["physical_batch_size"], bf16)
+        engine = DpsgdSettings(noise, settings["clip"], rate, settings["physical_batch_size"], bf16)
         batch_loss = self.diffusion.example_losses if loss is None else None
         training = PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine,
-                                   schedule.steps, settings["checkpoint_every"],
+                                   steps, settings["checkpoint_every"],
                                    (f"{section}.physical_batch_size", settings["physical_batch_size"]), ema,
                                    batch_loss=batch_loss, **hooks)
         training.run(context, make_batch, state)

@@ -9,12 +9,12 @@ from .events import (
     ReportNoisyMax,
     SubsampledGaussianMechanism,
 )
-from .ledger import PrivacyLedger
+from .ledger import LedgerPlan, PrivacyLedger
 from .planning import DpsgdSchedule, PlannedStage, check_within_plan, plan_budget
 from .report import budget_report, ledger_report, non_private_stages
 
 __all__ = [
-    "ACCOUNTANTS", "Accountant", "DpsgdSchedule", "Event", "GaussianMechanism", "LaplaceMechanism",
+    "ACCOUNTANTS", "Accountant", "DpsgdSchedule", "Event", "GaussianMechanism", "LaplaceMechanism", "LedgerPlan",
     "NonPrivateAccess", "ParallelComposition", "PlannedStage", "PrivacyLedger", "ReportNoisyMax",
     "SubsampledGaussianMechanism",
     "budget_report", "check_within_plan", "default_delta", "ledger_report", "non_private_stages", "plan_budget",
