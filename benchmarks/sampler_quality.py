@@ -39,7 +39,7 @@ def main() -> None:
         sampler, steps = contender.split(":")
         method = trained_method(config, state, dataset.info, sampler=sampler, sample_steps=int(steps))
         start = time.perf_counter()
-        images, _, _ = method.generate(args.images, torch.Generator().manual_seed(0))
+        images = method.generate(args.images, torch.Generator().manual_seed(0)).images
         seconds = time.perf_counter() - start
         metrics = fidelity_metrics(extractor(to_uint8(images)), real, settings)
         print(f"| {sampler} | {steps} | {seconds:.1f} | {metrics['fid']:.1f} | {metrics['fid_infinity']:.1f} | "

@@ -48,7 +48,8 @@ def main() -> None:
     for weight in args.guidance:
         method = trained_method(config, state, dataset.info, guidance=weight, guidance_interval=args.interval)
         start = time.perf_counter()
-        images, labels, _ = method.generate(count, torch.Generator().manual_seed(0))
+        generated = method.generate(count, torch.Generator().manual_seed(0))
+        images, labels = generated.images, generated.labels
         seconds = time.perf_counter() - start
         synthetic = ImageSet(torch.from_numpy(to_uint8(images)).float().div_(255), labels)
         fidelity = fidelity_metrics(extractor(to_uint8(images[:settings.num_synthetic])), real, settings)

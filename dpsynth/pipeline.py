@@ -227,17 +227,18 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     report = _privacy_report(ledger, accountant, delta, target, dataset.info, method, config)
     release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
     start = time.perf_counter()
-    images, labels, soft = method.generate(config["sampling"]["num_samples"], release_stream)
+    generated = method.generate(config["sampling"]["num_samples"], release_stream)
     seconds = round(time.perf_counter() - start, 1)
-    run.save_release(images, labels, dataset.info.class_names, soft, method.soft_label_temperature())
+    run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
+                     method.soft_label_temperature())
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)
-    run.log("released", epsilon=report["epsilon"], samples=len(labels), sampling_seconds=seconds,
-            **method.sampling_report, **_cuda_peak(context.device))
+    run.log("released", epsilon=report["epsilon"], samples=len(generated.labels), sampling_seconds=seconds,
+            **generated.sampling, **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
-    print(f"released {len(labels)} images {guarantee}: {run.path}")
+    print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
     if config["evaluation"]["enabled"]:
         evaluate_run(run, dataset=dataset, device=context.device)
 

@@ -142,7 +142,15 @@ class RunContext:
         return train.subset(torch.arange(self.world.rank, len(train), self.world.size))
 
 
-Release = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+@dataclass(frozen=True)
+class Release:
+    """What :meth:`Method.generate` returns: images in [0, 1], their labels, the soft labels of a method that
+    releases them (else None), and how sampling ran (precision, compilation), which the run logs."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    soft_labels: torch.Tensor | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 class Method(ABC):
@@ -162,7 +170,6 @@ class Method(ABC):
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.sampling_report: dict[str, Any] = {}  # how the last generate() ran (precision, compile), for the log
 
     @classmethod
     def preset(cls, name: str | None) -> tuple[str, dict[str, Any]]:

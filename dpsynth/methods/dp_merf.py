@@ -105,7 +105,7 @@ class DPMERF(Method):
             raise RuntimeError("generate() needs a fitted generator: call fit() first")
         device = next(self.generator.parameters()).device
         release = generated_set(self.generator, num_samples, self.config["sampling"]["batch_size"], device, generator)
-        return release.images.clamp(0, 1), release.labels, None
+        return Release(release.images.clamp(0, 1), release.labels)
 
 
 def released_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatures, noise_multiplier: float,

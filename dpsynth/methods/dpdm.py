@@ -179,8 +179,7 @@ class DPDM(Method):
                                       self.guidance_interval)
                 for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
             ])
-        self.sampling_report = chosen.report()
-        return images, labels, None
+        return Release(images, labels, sampling=chosen.report())
 
     def _example(self, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Inputs of one sampling call of the UNet on a chunk (doubled under guidance), to compile it."""

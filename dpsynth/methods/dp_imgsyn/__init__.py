@@ -196,7 +196,7 @@ class DPImgSyn(Method):
         images = torch.from_numpy(to_uint8(aligned)).float() / 255  # exactly what is released
         soft = self._soft_labels(teacher, images, context.device)
         self._save_alignment_grid(context, starts, images, targets, num_classes)
-        return images, soft.argmax(dim=1), soft
+        return Release(images, soft.argmax(dim=1), soft)
 
     @torch.no_grad()
     def _soft_labels(self, teacher: torch.nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -216,11 +216,11 @@ class DPImgSyn(Method):
         """The first ``num_samples`` aligned images (``sampling.num_samples`` were aligned in fit)."""
         if self.release is None:
             raise RuntimeError("generate() needs fit() first")
-        images, labels, soft = self.release
-        if num_samples > len(labels):
-            raise ConfigError(f"sampling.num_samples: {len(labels)} images were aligned, {num_samples} asked")
+        aligned, soft = self.release, self.release.soft_labels
+        if num_samples > len(aligned.labels):
+            raise ConfigError(f"sampling.num_samples: {len(aligned.labels)} images were aligned, {num_samples} asked")
         assert soft is not None
-        return images[:num_samples], labels[:num_samples], soft[:num_samples]
+        return Release(aligned.images[:num_samples], aligned.labels[:num_samples], soft[:num_samples])
 
 
 def _teacher_inputs(images: torch.Tensor) -> torch.Tensor:

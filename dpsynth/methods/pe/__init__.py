@@ -252,7 +252,7 @@ class PrivateEvolution(Method):
                 chosen = Samples.joined([chosen, varied])
             images.append(chosen.images)
             labels.append(torch.full((size,), label))
-        return torch.cat(images), torch.cat(labels), None
+        return Release(torch.cat(images), torch.cat(labels))
 
 
 def across_ranks(context: RunContext, total: int, call: Callable[[range, torch.Generator], T]) -> list[T]:
