@@ -37,8 +37,9 @@ def worker(args: argparse.Namespace) -> None:
     diffusion, generator = Diffusion(), torch.Generator().manual_seed(0)
     examples = torch.Generator().manual_seed(world.rank + 1)
     engine = DPSGD(model, torch.optim.Adam(model.parameters(), 1e-3), diffusion.example_loss,
-                   DpsgdSettings(1.0, 1.0, args.batch / RECORDS, 128, bf16=True), RECORDS, PrivacyLedger(),
-                   "dp-sgd", SecretStream(derived_key(0, "bench")), world, generator, examples)
+                   settings=DpsgdSettings(1.0, 1.0, args.batch / RECORDS, 128, bf16=True), num_records=RECORDS,
+                   ledger=PrivacyLedger(), stage="dp-sgd", noise=SecretStream(derived_key(0, "bench")), world=world,
+                   generator=generator, example_generator=examples)
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
         times, noise = diffusion.training_inputs(len(indices), 1, SHAPE, examples)

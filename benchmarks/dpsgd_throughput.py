@@ -152,8 +152,9 @@ def _ours(model: torch.nn.Module, diffusion: Diffusion, images: torch.Tensor, la
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     # sample rate 1 over the batch's own examples: every step uses all of them, as the others do
     settings = DpsgdSettings(SIGMA, CLIP, 1.0, len(labels), bf16=bf16)
-    engine = DPSGD(model, optimizer, diffusion.example_loss, settings, len(labels), PrivacyLedger(), "bench",
-                   SecretStream(derived_key(1, "bench")), batch_loss=diffusion.example_losses if batched else None)
+    engine = DPSGD(model, optimizer, diffusion.example_loss, settings=settings, num_records=len(labels),
+                   ledger=PrivacyLedger(), stage="bench", noise=SecretStream(derived_key(1, "bench")),
+                   batch_loss=diffusion.example_losses if batched else None)
 
     def make_batch(index: torch.Tensor) -> tuple[torch.Tensor, ...]:
         times, noise = inputs()

@@ -34,8 +34,8 @@ def worker(args: argparse.Namespace) -> None:
     bf16 = resolve_bf16("auto", torch.device("cpu")).value
     records = 60_000
     engine = DPSGD(model, torch.optim.Adam(model.parameters(), 1e-3), diffusion.example_loss,
-                   DpsgdSettings(1.0, 1.0, args.batch / records, 128, bf16=bf16), records, PrivacyLedger(),
-                   "dp-sgd", SecretStream(derived_key(0, "bench")))
+                   settings=DpsgdSettings(1.0, 1.0, args.batch / records, 128, bf16=bf16), num_records=records,
+                   ledger=PrivacyLedger(), stage="dp-sgd", noise=SecretStream(derived_key(0, "bench")))
     governor = ThreadGovernor(every=2.0) if args.mode == "governed" else None
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -57,8 +57,9 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
 
     def steps(noise: float, rate: float, loss: Any, count: int) -> torch.Tensor:
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-        engine = DPSGD(model, optimizer, loss, DpsgdSettings(noise, CLIP, rate, 128), len(data), ctx.ledger,
-                       "dp-sgd", ctx.noise, world, ctx.generator, ctx.example_generator)
+        engine = DPSGD(model, optimizer, loss, settings=DpsgdSettings(noise, CLIP, rate, 128), num_records=len(data),
+                       ledger=ctx.ledger, stage="dp-sgd", noise=ctx.noise, world=world, generator=ctx.generator,
+                       example_generator=ctx.example_generator)
         updates = []
         for _ in range(count):
             seen.append([])

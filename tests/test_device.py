@@ -47,8 +47,9 @@ def test_a_dp_sgd_step_stays_on_the_device_without_host_synchronisation(engine: 
         times, noise = diffusion.training_inputs(len(indices), 2, (1, 8, 8), generator)
         return tuple(to_device(t, META) for t in (images[indices], labels[indices], times, noise))
 
-    dpsgd = DPSGD(model, torch.optim.Adam(model.parameters()), diffusion.example_loss, DpsgdSettings(1.0, 1.0, 0.3, 8),
-                  50, PrivacyLedger(), "dp-sgd", secret_stream(), generator=generator,
+    dpsgd = DPSGD(model, torch.optim.Adam(model.parameters()), diffusion.example_loss,
+                  settings=DpsgdSettings(1.0, 1.0, 0.3, 8), num_records=50, ledger=PrivacyLedger(), stage="dp-sgd",
+                  noise=secret_stream(), generator=generator,
                   batch_loss=diffusion.example_losses if engine == "batched" else None)
     if engine == "batched":  # the probe that picks it compares numbers once per run, which meta cannot
         dpsgd.engine = {"per_example": "batched", "why": "set by the test"}

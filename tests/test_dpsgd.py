@@ -54,7 +54,8 @@ def _unet_steps(batch_loss: bool) -> tuple[nn.Module, DPSGD]:
     images, labels = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
     times, noise = diffusion.training_inputs(6, 1, (1, 8, 8), torch.Generator().manual_seed(2))
     engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), diffusion.example_loss,
-                   DpsgdSettings(1.0, 0.5, 1.0, 4), 6, PrivacyLedger(), "dp-sgd", secret_stream(3),
+                   settings=DpsgdSettings(1.0, 0.5, 1.0, 4), num_records=6, ledger=PrivacyLedger(), stage="dp-sgd",
+                   noise=secret_stream(3),
                    batch_loss=diffusion.example_losses if batch_loss else None)
     engine.step(lambda index: (images[index], labels[index], times[index], noise[index]))
     return model, engine
@@ -88,7 +89,8 @@ def test_models_the_batched_rules_do_not_fit_keep_the_vmap_engine(interacting, w
     model whose loss mixes examples is caught by the probe (test_release_privacy.py)."""
     model, data = (CentresTheBatch(), torch.randn(8, 3)) if interacting else (Linear(), torch.randn(8, 2000))
     engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda f, x: f(x[None]).pow(2).sum(),
-                   DpsgdSettings(1.0, 1.0, 1.0, 8), 8, PrivacyLedger(), "dp-sgd", secret_stream(4),
+                   settings=DpsgdSettings(1.0, 1.0, 1.0, 8), num_records=8, ledger=PrivacyLedger(), stage="dp-sgd",
+                   noise=secret_stream(4),
                    batch_loss=lambda m, x: m(x).pow(2).flatten(1).sum(1))
     engine.step(lambda index: (data[index],))
     assert engine.engine["per_example"] == "vmap" and why in engine.engine["why"]
@@ -121,8 +123,8 @@ def test_noise_std_is_sigma_c_over_expected_batch_and_every_step_is_recorded():
     model, ledger = Linear(), PrivacyLedger()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     settings = DpsgdSettings(noise_multiplier=3.0, clip=0.5, sample_rate=0.1, physical_batch_size=7)
-    engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, settings, 200, ledger, "dp-sgd",
-                   secret_stream())
+    engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, settings=settings, num_records=200, ledger=ledger,
+                   stage="dp-sgd", noise=secret_stream())
     updates = []
     for _ in range(5):
         before = model.weight.detach().clone()
@@ -137,8 +139,8 @@ def test_clipped_signal_survives_without_noise_budget():
     """With a huge batch and tiny noise the step follows the clipped mean gradient direction."""
     model = Linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    engine = DPSGD(model, optimizer, lambda f, x: f(x), DpsgdSettings(1e-6, 1.0, 1.0, 64), 100, PrivacyLedger(),
-                   "dp-sgd", secret_stream())
+    engine = DPSGD(model, optimizer, lambda f, x: f(x), settings=DpsgdSettings(1e-6, 1.0, 1.0, 64), num_records=100,
+                   ledger=PrivacyLedger(), stage="dp-sgd", noise=secret_stream())
     engine.step(lambda idx: (torch.full((len(idx), 2000), 5.0),))
     # each example's gradient (all 5s) is clipped to norm 1: entries 1/sqrt(2000); mean over q N = 100
     assert torch.allclose(-model.weight.detach(), torch.full((2000,), 2000 ** -0.5), rtol=1e-3)
@@ -188,8 +190,8 @@ def test_clip_gradient_bounds_each_examples_output_gradient_and_keeps_small_ones
 def test_a_non_private_step_adds_no_noise_and_is_recorded_as_such():
     model, ledger = Linear(), PrivacyLedger()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, DpsgdSettings(None, 0.5, 0.1), 200, ledger, "teacher",
-                   secret_stream())
+    engine = DPSGD(model, optimizer, lambda f, x: f(x) * 0.0, settings=DpsgdSettings(None, 0.5, 0.1),
+                   num_records=200, ledger=ledger, stage="teacher", noise=secret_stream())
     engine.step(lambda idx: (torch.ones(len(idx), 2000),))
     engine.step(lambda idx: (torch.ones(len(idx), 2000),))
     assert torch.count_nonzero(model.weight) == 0

@@ -173,6 +173,7 @@ def test_a_non_finite_per_example_gradient_is_dropped_not_spread():
     model = nn.Linear(2, 1, bias=False)
     nn.init.zeros_(model.weight)
     engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda forward, x: forward(x[None]).sum(),
-                   DpsgdSettings(1e-6, 1.0, 1.0), 3, PrivacyLedger(), "dp-sgd", secret_stream())
+                   settings=DpsgdSettings(1e-6, 1.0, 1.0), num_records=3, ledger=PrivacyLedger(), stage="dp-sgd",
+                   noise=secret_stream())
     stats = engine.step(lambda indices: (torch.tensor([[3.0, 4.0], [float("nan"), 0.0], [1e39, 1.0]])[indices],))
     assert torch.isfinite(model.weight).all() and stats["nonfinite_dropped"] == 2.0

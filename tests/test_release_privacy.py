@@ -145,7 +145,8 @@ def test_an_operation_across_the_batch_takes_vmap_and_one_record_moves_the_clipp
         copy = batch_mixing()
         copy.load_state_dict(model.state_dict())
         engine = DPSGD(copy, torch.optim.SGD(copy.parameters(), lr=1.0), lambda f, x: f(x[None]).sum(),
-                       DpsgdSettings(1e-9, 1.0, 1.0, 16), len(records), PrivacyLedger(), "dp-sgd", secret_stream(),
+                       settings=DpsgdSettings(1e-9, 1.0, 1.0, 16), num_records=len(records), ledger=PrivacyLedger(),
+                       stage="dp-sgd", noise=secret_stream(),
                        batch_loss=lambda f, x: f(x).squeeze(1))
         before = torch.cat([p.detach().flatten() for p in copy.parameters()])
         engine.step(lambda index: (records[index],))  # SGD at rate 1: the step is the noisy sum / N

@@ -136,10 +136,11 @@ class DPDM(Method):
         bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
         engine = DpsgdSettings(noise, settings["clip"], rate, settings["physical_batch_size"], bf16)
         batch_loss = self.diffusion.example_losses if loss is None else None
-        training = PrivateTraining(stage, model, optimizer, loss or self.diffusion.example_loss, engine,
-                                   steps, settings["checkpoint_every"],
-                                   (f"{section}.physical_batch_size", settings["physical_batch_size"]), ema,
-                                   batch_loss=batch_loss, **hooks)
+        training = PrivateTraining(stage=stage, model=model, optimizer=optimizer,
+                                   loss=loss or self.diffusion.example_loss, settings=engine, steps=steps,
+                                   checkpoint_every=settings["checkpoint_every"],
+                                   memory_setting=(f"{section}.physical_batch_size", settings["physical_batch_size"]),
+                                   ema=ema, batch_loss=batch_loss, **hooks)
         training.run(context, make_batch, state)
         ema.copy_to(model)
         return ema

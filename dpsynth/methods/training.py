@@ -29,7 +29,7 @@ def dpsgd_schedule(config: Config, section: str, num_train: int) -> DpsgdSchedul
         raise ConfigError(f"{section}.{exc}") from None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrivateTraining:
     """``steps`` DP-SGD steps of ``model``, recorded in the ledger and checkpointed as phase ``stage``.
 
@@ -62,9 +62,11 @@ class PrivateTraining:
                 self.ema.load_state_dict(state["ema"])
             context.restore_random(state["rng"])
             step = state["step"]
-        engine = DPSGD(self.model, self.optimizer, self.loss, self.settings, len(context.dataset.train),
-                       context.ledger, self.stage, context.noise, context.world, context.generator,
-                       context.example_generator, self.batch_loss, context.dataset.info.num_train)
+        engine = DPSGD(self.model, self.optimizer, self.loss, settings=self.settings,
+                       num_records=len(context.dataset.train), ledger=context.ledger, stage=self.stage,
+                       noise=context.noise, world=context.world, generator=context.generator,
+                       example_generator=context.example_generator, batch_loss=self.batch_loss,
+                       public_size=context.dataset.info.num_train)
         progress = context.progress(self.steps, self.stage, initial=step)
         first = step
         while step < self.steps:

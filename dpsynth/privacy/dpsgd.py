@@ -122,7 +122,7 @@ class DPSGD:
     ``example_generator`` is reseeded every step.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss, *,
                  settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
                  noise: SecretStream, world: World | None = None, generator: torch.Generator | None = None,
                  example_generator: torch.Generator | None = None, batch_loss: BatchLoss | None = None,

@@ -146,8 +146,9 @@ class DPImgSyn(Method):
         teacher.train()
         engine = DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
                                settings["physical_batch_size"])
-        PrivateTraining("teacher", teacher, optimizer, _example_loss, engine, event.steps, settings["checkpoint_every"],
-                        ("teacher.physical_batch_size", settings["physical_batch_size"])
+        PrivateTraining(stage="teacher", model=teacher, optimizer=optimizer, loss=_example_loss, settings=engine,
+                        steps=event.steps, checkpoint_every=settings["checkpoint_every"],
+                        memory_setting=("teacher.physical_batch_size", settings["physical_batch_size"])
                         ).run(context, make_batch, context.state)
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:

@@ -59,8 +59,8 @@ def dpsgd_step() -> Trial:
         model = nn.Linear(dimension, 1, bias=False)
         nn.init.zeros_(model.weight)
         engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                       lambda forward, x: forward(x.unsqueeze(0)).sum(), DpsgdSettings(SIGMA, clip, 1.0, 64),
-                       len(data), ledger, STAGE, noise)
+                       lambda forward, x: forward(x.unsqueeze(0)).sum(), settings=DpsgdSettings(SIGMA, clip, 1.0, 64),
+                       num_records=len(data), ledger=ledger, stage=STAGE, noise=noise)
         engine.step(lambda indices: (data[indices],))
         return -float(model.weight.detach()[0, 0]) * len(data)
 
