@@ -12,10 +12,10 @@ from dpsynth.data import Dataset, DatasetInfo
 from dpsynth.methods import get_method
 from dpsynth.methods.base import Method
 from dpsynth.privacy.dpsgd import EMA
-from dpsynth.runs import CHECKPOINT, RunDirectory
+from dpsynth.runs import Checkpoint, RunDirectory
 
 
-def finished_run(path: str) -> tuple[dict[str, Any], Dataset, dict[str, Any]]:
+def finished_run(path: str) -> tuple[dict[str, Any], Dataset, Checkpoint]:
     """The config, dataset and last checkpoint's training state of the run at ``path``."""
     run = RunDirectory(path)
     config = run.config()
@@ -28,12 +28,12 @@ def mean_spread(scores: list[float]) -> str:
     return f"{statistics.mean(scores):.1f} ± {spread:.1f}"
 
 
-def final_state(run: RunDirectory) -> dict[str, Any]:
+def final_state(run: RunDirectory) -> Checkpoint:
     """The last checkpoint's training state of ``run`` (private: read it where the run is)."""
-    return torch.load(run.file(CHECKPOINT), map_location="cpu", weights_only=False)["state"]
+    return run.last_checkpoint()
 
 
-def trained_method(config: dict[str, Any], state: dict[str, Any], info: DatasetInfo, **diffusion: Any) -> Method:
+def trained_method(config: dict[str, Any], state: Checkpoint, info: DatasetInfo, **diffusion: Any) -> Method:
     """The run's DPDM-family method holding its EMA weights, sampling with ``diffusion`` settings changed
     (e.g. ``sampler``, ``sample_steps``, ``guidance``)."""
     config = copy.deepcopy(config)
@@ -41,7 +41,7 @@ def trained_method(config: dict[str, Any], state: dict[str, Any], info: DatasetI
     method = get_method(config["method"])(config)
     model = method._build(info, torch.device("cpu"))
     ema = EMA(model, 0.0)
-    ema.load_state_dict(state["ema"])
+    ema.load_state_dict(state.parts["ema"])
     ema.copy_to(model)
     method.model, method.info = model, info
     return method

@@ -4,7 +4,9 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import MISSING, field, fields
+from types import UnionType
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -187,3 +189,66 @@ def positive_setting(config: Config, section: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{section}.{key} must be a positive number, got {value!r}")
     return float(value)
+
+
+S = TypeVar("S")
+
+
+def positive(**kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be a positive number."""
+    return field(metadata={"positive": True}, **kwargs)
+
+
+def one_of(*choices: str, **kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be one of ``choices``."""
+    return field(metadata={"choices": choices}, **kwargs)
+
+
+def section_settings(kind: type[S], config: Config, section: str) -> S:
+    """Config section ``section`` as the frozen dataclass ``kind``, whose fields name the keys it reads.
+
+    Every value is checked against its field's type (``int``: a whole number; ``float``: any number; ``bool``,
+    ``str``; ``X | None``; ``tuple[X, ...]``: a list of X) and its :func:`positive` or :func:`one_of` rule; a
+    key the section lacks takes the field's default. ConfigError naming ``section.key`` otherwise.
+    """
+    values, hints = config.get(section) or {}, get_type_hints(kind)
+    settings = {}
+    for spec in fields(kind):  # type: ignore[arg-type]
+        key = f"{section}.{spec.name}"
+        if spec.name not in values:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise ConfigError(f"{key} is missing from the config")
+            continue
+        settings[spec.name] = _checked(key, values[spec.name], hints[spec.name], spec.metadata)
+    return kind(**settings)
+
+
+def _checked(key: str, value: Any, kind: Any, rules: Mapping[str, Any]) -> Any:
+    """``value`` as type ``kind`` (lists become tuples); ConfigError naming ``key`` when it is not one or breaks
+    ``rules``."""
+    if value is None and type(None) in get_args(kind):
+        return None
+    if get_origin(kind) in (Union, UnionType):
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if get_origin(kind) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(_checked(f"{key}[{i}]", item, get_args(kind)[0], rules) for i, item in enumerate(value))
+    expected = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}[kind]
+    valid = (isinstance(value, bool) if kind is bool else
+             not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
+    if rules.get("positive"):
+        valid, expected = valid and value > 0, f"{expected} above 0"
+    if "choices" in rules:
+        valid, expected = valid and value in rules["choices"], f"one of {', '.join(rules['choices'])}"
+    if not valid:
+        raise ConfigError(f"{key} must be {expected}, got {value!r}")
+    return float(value) if kind is float else value
+
+
+def preset_with(base: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Mapping[str, Any]]) -> Config:
+    """A preset built on ``base``: a copy with each section of ``extra`` updated into it."""
+    merged = {section: dict(copy.deepcopy(values)) for section, values in base.items()}
+    for section, values in extra.items():
+        merged.setdefault(section, {}).update(copy.deepcopy(values))
+    return merged

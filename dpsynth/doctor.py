@@ -30,7 +30,7 @@ from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
 from .pipeline import execute, pick_device, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
-from .runs import LOG, PRIVACY, SYNTHETIC, RunDirectory
+from .runs import LOG, PRIVACY, SYNTHETIC, Checkpoint, RunDirectory
 
 DATASET, EPSILON = "digits", 8.0
 _UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]
@@ -70,7 +70,7 @@ class _Interrupted(Exception):
 class _CrashAfterCheckpoint(RunDirectory):
     """A run directory whose run stops right after saving a checkpoint that covers a recorded mechanism."""
 
-    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger, settings: dict[str, Any] | None = None
+    def save_checkpoint(self, state: Checkpoint, ledger: PrivacyLedger, settings: dict[str, Any] | None = None
                         ) -> None:
         super().save_checkpoint(state, ledger, settings)
         if ledger.events():

@@ -44,7 +44,7 @@ from .privacy import (
 )
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .report import write_run_report
-from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, RunDirectory, inside_release
+from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
 
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
@@ -150,14 +150,14 @@ def _naming(run: RunDirectory) -> Iterator[None]:
 
 
 def _restored(run: RunDirectory, world: World, settings: dict[str, Any], plan: LedgerPlan
-              ) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+              ) -> tuple[Checkpoint | None, PrivacyLedger]:
     """Rank 0's restored checkpoint state and ledger, made with ``plan``, on every rank (the others' ledger is
     in memory only); DpsynthError naming the key when the config's ``settings`` differ from the checkpoint's."""
     if world.is_main:
         state, ledger = run.restore(settings, plan)
         world.broadcast_object((state, ledger.to_dict()))
         return state, ledger
-    received: tuple[dict[str, Any] | None, dict[str, Any]] = world.broadcast_object(None)
+    received: tuple[Checkpoint | None, dict[str, Any]] = world.broadcast_object(None)
     return received[0], PrivacyLedger.from_dict(received[1], plan=plan)
 
 

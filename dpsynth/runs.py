@@ -10,7 +10,9 @@ epsilon covers and may be shared; everything else is PRIVATE to the data holder.
 - ``config.yaml``: the fully resolved config; ``--resume`` reads it back. Its ``hardware`` section says what
   the machine is and what ``auto`` settings (bf16, the fast Inception path) chose on it, and why.
 - ``ledger.json``: every privacy event, appended as mechanisms run.
-- ``checkpoint.pt``: training state, the secret noise stream's key *and the ledger that covers it*.
+- ``checkpoint.pt``: training state in one layout for every method (:class:`Checkpoint`: phase and step, the
+  models' and optimisers' states, the values released from private data, the random streams' states with the
+  secret noise stream's key) *and the ledger that covers it*.
 - ``log.jsonl``: one JSON record per line. It holds non-private statistics of the private data (losses,
   Poisson batch sizes, unclipped gradient norms): a diagnostic for the data holder, never shared.
 - evaluation outputs (``metrics.json``, nearest real neighbours, training curves) and method pictures.
@@ -28,6 +30,7 @@ import io
 import json
 import math
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,37 @@ METHOD_METRICS = "method_metrics.json"
 RELEASE = "release"
 PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
 MANIFEST = "release_files"  # privacy.json's key: the SHA-256 of each file the release step wrote
+CHECKPOINT_LAYOUT = 2  # 1: each method laid its checkpoint out its own way (dpsynth 0.1.0 before the Checkpoint)
+
+
+@dataclass
+class Checkpoint:
+    """The training state checkpoint.pt holds, one layout for every method.
+
+    ``phase`` and ``step``: the phase the method saved it in and the steps of that phase done (None and 0 when it
+    was saved between phases); ``parts``: the state dicts of the phase's models, EMA and optimisers (or tensors)
+    by name; ``released``: the values computed from private data through recorded mechanisms, by name (never
+    recomputed on resume); ``rng``: the random streams' states (the noise stream's holds its secret key).
+    """
+
+    phase: str | None = None
+    step: int = 0
+    parts: dict[str, Any] = field(default_factory=dict)
+    released: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": CHECKPOINT_LAYOUT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: Path) -> Checkpoint:
+        """The checkpoint ``data`` read from ``path``; DpsynthError for another layout."""
+        layout = data.get("layout", 1)
+        if layout != CHECKPOINT_LAYOUT:
+            raise DpsynthError(f"{path}: checkpoint layout {layout}, written by an older dpsynth; this one reads "
+                               f"layout {CHECKPOINT_LAYOUT} only and cannot resume the run: finish it with the "
+                               "dpsynth that began it, or start it again")
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
 def run_name(config: Config, when: time.struct_time | None = None) -> str:
@@ -112,11 +146,11 @@ class RunDirectory:
         with self.file(LOG).open("a") as handle:
             handle.write(json.dumps(record, default=_json_default) + "\n")
 
-    def save_checkpoint(self, state: dict[str, Any], ledger: PrivacyLedger, settings: dict[str, Any] | None = None
+    def save_checkpoint(self, state: Checkpoint, ledger: PrivacyLedger, settings: dict[str, Any] | None = None
                         ) -> None:
         """Atomically save ``state`` with the ledger that covers it and the config ``settings`` a resume must
         keep, then the ledger file."""
-        self._write_checkpoint({"state": state, "ledger": ledger.to_dict(), "settings": settings or {}})
+        self._write_checkpoint({"state": state.to_dict(), "ledger": ledger.to_dict(), "settings": settings or {}})
         ledger.save()
 
     def _write_checkpoint(self, saved: dict[str, Any]) -> None:
@@ -136,8 +170,12 @@ class RunDirectory:
         if self.file(CHECKPOINT).exists():
             self._write_checkpoint(_without_keys(self._read_checkpoint()))
 
+    def last_checkpoint(self) -> Checkpoint:
+        """The training state of checkpoint.pt (private: read it where the run is)."""
+        return Checkpoint.from_dict(self._read_checkpoint()["state"], self.file(CHECKPOINT))
+
     def restore(self, settings: dict[str, Any] | None = None, plan: LedgerPlan | None = None
-                ) -> tuple[dict[str, Any] | None, PrivacyLedger]:
+                ) -> tuple[Checkpoint | None, PrivacyLedger]:
         """The last checkpoint's state (None without one) and the ledger that covers it, made with ``plan``;
         DpsynthError naming the key when one of the checkpoint's settings differs from ``settings`` (config.yaml
         edited since), PrivacyError when the ledger holds more than the plan allows.
@@ -150,7 +188,8 @@ class RunDirectory:
         if self.file(CHECKPOINT).exists():
             saved = self._read_checkpoint()
             _check_settings(saved.get("settings", {}), settings, self.file(CONFIG))
-            state, ledger = saved["state"], PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER), plan)
+            state = Checkpoint.from_dict(saved["state"], self.file(CHECKPOINT))
+            ledger = PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER), plan)
         on_disk = self.ledger()
         if on_disk != ledger:
             self.log("ledger_rewound", reason="mechanisms ran after the last checkpoint; their outputs were lost",

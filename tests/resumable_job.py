@@ -13,7 +13,7 @@ from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.privacy import Accountant, ledger_report
 from dpsynth.privacy.mechanisms import release_subsampled_mean
 from dpsynth.privacy.randomness import SecretStream, derived_key
-from dpsynth.runs import RunDirectory
+from dpsynth.runs import Checkpoint, RunDirectory
 
 CHECKPOINT_EVERY = 5
 
@@ -35,16 +35,16 @@ def main() -> None:
     images = dataset_from_config(config).train.images.flatten(1)
     noise = SecretStream(derived_key(config["run"]["seed"], "noise"))
     restored, ledger = run.restore()
-    state = restored or {"step": 0, "total": torch.zeros(images.shape[1]), "rng": noise.get_state()}
-    noise.set_state(state["rng"])
-    while state["step"] < args.steps:
-        state["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", noise)
-        state["step"] += 1
-        if state["step"] % CHECKPOINT_EVERY == 0:
-            state["rng"] = noise.get_state()
+    state = restored or Checkpoint(parts={"total": torch.zeros(images.shape[1])}, rng=noise.get_state())
+    noise.set_state(state.rng)
+    while state.step < args.steps:
+        state.parts["total"] += release_subsampled_mean(images, 0.05, 10.0, 2.0, ledger, "noisy-mean", noise)
+        state.step += 1
+        if state.step % CHECKPOINT_EVERY == 0:
+            state.rng = noise.get_state()
             run.save_checkpoint(state, ledger)
         time.sleep(args.sleep)
-    torch.save(state["total"], run.file("total.pt"))
+    torch.save(state.parts["total"], run.file("total.pt"))
     run.write_privacy_report(ledger_report(ledger, Accountant("pld"), 1e-5))
 
 

@@ -8,7 +8,6 @@ from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
 from dpsynth.errors import ConfigError
-from dpsynth.methods.dp_feta import AUGMENTATIONS, augmented
 from dpsynth.methods.dp_feta.central import (
     CentralQuery,
     central_images,
@@ -17,6 +16,7 @@ from dpsynth.methods.dp_feta.central import (
     pixel_histogram,
     pooled,
 )
+from dpsynth.methods.warmup import AUGMENTATIONS, augmented
 from dpsynth.privacy import ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
 
 

@@ -13,7 +13,7 @@ import torch
 from conftest import kill_after_recorded_steps, secret_stream
 
 from dpsynth.api import resolve_config
-from dpsynth.errors import PrivacyError
+from dpsynth.errors import DpsynthError, PrivacyError
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,
@@ -121,6 +121,15 @@ def test_run_directory_layout_and_release(tmp_path):
     assert json.loads(run.file("log.jsonl").read_text())["loss"] == 0.5
     with pytest.raises(Exception, match="not a dpsynth run directory"):
         RunDirectory.open(tmp_path)
+
+
+def test_a_checkpoint_in_the_layout_before_checkpoint_is_refused_with_what_to_do(tmp_path):
+    run = RunDirectory.create(resolve_config("dpdm", dataset="mnist-5k"), tmp_path)
+    old = {"phase": "dp-sgd", "step": 5, "model": {}, "rng": {}}  # a method's own layout, as dpsynth 0.1.0 wrote
+    torch.save({"state": old, "ledger": PrivacyLedger(None).to_dict(), "settings": {}}, run.file("checkpoint.pt"))
+    with pytest.raises(DpsynthError, match=r"checkpoint.pt: checkpoint layout 1, written by an older dpsynth; .* "
+                                           r"cannot resume the run: finish it with the dpsynth that began it"):
+        run.restore()
 
 
 def _job(*args: str) -> subprocess.Popen:

@@ -16,7 +16,7 @@ from ..errors import ConfigError, PrivacyError
 from ..hardware import ThreadGovernor
 from ..privacy import Accountant, Event, LedgerPlan, NonPrivateAccess, PlannedStage, PrivacyLedger
 from ..privacy.randomness import SecretStream
-from ..runs import RunDirectory
+from ..runs import Checkpoint, RunDirectory
 from ..utils.progress import PrivacyProgress
 
 T = TypeVar("T")
@@ -28,16 +28,21 @@ class RunContext:
     """What a method's ``fit`` gets: data, privacy plan and ledger, device, RNG and checkpointing.
 
     The ledger carries the run's plan (:class:`~dpsynth.privacy.LedgerPlan`): ``plan`` maps each stage to its
-    events with the calibrated noise filled in, and the ledger refuses a mechanism beyond it. ``state`` is the last
-    checkpoint's state on resume (None on a fresh run); ``checkpoint(state)`` saves one together with
-    the ledger that covers it.
+    events with the calibrated noise filled in, and the ledger refuses a mechanism beyond it.
 
     ``noise`` is the secret stream every DP draw (Poisson samples, noise) comes from; ``generator`` draws
     the training randomness (batches of public data, augmentation), from its own secret. Both are shared:
     on several processes (``world``) every rank makes the same draws from them. ``example_generator``
     draws per-example randomness (diffusion times and noise) for the examples this rank processes: the
-    shared generator itself on one process, a per-rank one otherwise. Checkpoints carry both streams'
-    states (:meth:`random_state`). Only rank 0 writes checkpoints, logs and metrics.
+    shared generator itself on one process, a per-rank one otherwise. Only rank 0 writes checkpoints, logs
+    and metrics.
+
+    Checkpoints have one layout (:class:`~dpsynth.runs.Checkpoint`) and three calls: :meth:`released` for a
+    value computed from private data (computed once, checkpointed at once, restored on resume),
+    :meth:`checkpoint` for a phase's progress (its models, EMA and optimisers by name) and :meth:`resume` to
+    continue a phase. ``state`` is the checkpoint being resumed (None on a fresh run); from a method's first
+    call of :meth:`released`, :meth:`resume` or :meth:`on_main` on (after it has built its models), every
+    random stream, torch's global one included, continues from it.
     """
 
     dataset: Dataset
@@ -48,16 +53,21 @@ class RunContext:
     device: torch.device
     generator: torch.Generator
     noise: SecretStream
-    state: dict[str, Any] | None = None
+    state: Checkpoint | None = None
     world: World = field(default_factory=World)
     governor: ThreadGovernor | None = None
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
     settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
 
+    released_values: dict[str, Any] = field(init=False)
+    _random_continued: bool = field(init=False, default=False)
+    _inside_main: bool = field(init=False, default=False)  # on_main's compute is running (rank 0)
+
     def __post_init__(self) -> None:
         self.ledger_plan  # noqa: B018  (refuses a ledger without a plan before anything runs)
         if self.example_generator is None:
             self.example_generator = self.generator if self.world.size == 1 else torch.Generator()
+        self.released_values = dict(self.state.released) if self.state is not None else {}
 
     @property
     def ledger_plan(self) -> LedgerPlan:
@@ -88,23 +98,63 @@ class RunContext:
         return events[0]  # type: ignore[return-value]
 
     def random_state(self) -> dict[str, Any]:
-        """The shared streams' states, for a checkpoint (private: it holds the noise stream's key)."""
-        return {"noise": self.noise.get_state(), "generator": self.generator.get_state()}
+        """The random streams' states, for a checkpoint (private: it holds the noise stream's key)."""
+        return {"noise": self.noise.get_state(), "generator": self.generator.get_state(),
+                "torch": torch.get_rng_state()}
 
     def restore_random(self, state: dict[str, Any]) -> None:
-        """Continue both shared streams from a checkpoint's :meth:`random_state`."""
+        """Continue the random streams from a checkpoint's :meth:`random_state`."""
         self.noise.set_state(state["noise"])
         self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch"])
+
+    def _continue_random(self) -> None:
+        """Once per run: continue the random streams from the checkpoint being resumed (nothing on a fresh run)."""
+        if not self._random_continued and self.state is not None:
+            self.restore_random(self.state.rng)
+        self._random_continued = True
+
+    def released(self, name: str, compute: Callable[[], T], *, every_rank: bool = False) -> T:
+        """The value released under ``name``: the resumed checkpoint's, or ``compute()``, which records its
+        mechanisms in the ledger as they run, checkpointed at once with every value released so far.
+
+        ``compute`` runs on rank 0 alone and its value goes to every rank (:meth:`on_main`); with ``every_rank``
+        it runs on every rank (a computation that calls collectives, e.g. DP-SGD). Values are released between
+        phases: the checkpoint this writes holds no phase.
+        """
+        self._continue_random()
+        if name not in self.released_values:
+            self.released_values[name] = compute() if every_rank else self.on_main(compute)
+            self.checkpoint()
+        return self.released_values[name]  # type: ignore[no-any-return]
+
+    def checkpoint(self, phase: str | None = None, step: int = 0, **parts: Any) -> None:
+        """Save step ``step`` of ``phase`` with ``parts`` (anything with a ``state_dict``, or tensors), every
+        released value and the random streams' states, with the ledger that covers them (rank 0 alone)."""
+        if self.world.is_main:
+            states = {name: part.state_dict() if hasattr(part, "state_dict") else part for name, part in parts.items()}
+            saved = Checkpoint(phase, step, states, dict(self.released_values), self.random_state())
+            self.run.save_checkpoint(saved, self.ledger, self.settings)
+
+    def resume(self, phase: str, **parts: Any) -> Checkpoint | None:
+        """The checkpoint being resumed when it was saved in ``phase``, its states loaded into ``parts`` (objects
+        with ``load_state_dict``); None otherwise (a fresh run, or a checkpoint of another phase)."""
+        self._continue_random()
+        if self.state is None or self.state.phase != phase:
+            return None
+        for name, part in parts.items():
+            part.load_state_dict(self.state.parts[name])
+        return self.state
+
+    def resuming(self, phase: str) -> bool:
+        """Whether the checkpoint being resumed was saved in ``phase``."""
+        return self.state is not None and self.state.phase == phase
 
     def adjust_threads(self) -> None:
         """Fit the thread count to the cores other processes leave free (``run.threads=auto``; call per step)."""
         threads = self.governor.adjust() if self.governor is not None else None
         if threads is not None:
             self.log("threads", threads=threads)
-
-    def checkpoint(self, state: dict[str, Any]) -> None:
-        if self.world.is_main:
-            self.run.save_checkpoint(state, self.ledger, self.settings)
 
     def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
         return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial,
@@ -122,17 +172,24 @@ class RunContext:
     def on_main(self, compute: Callable[[], T]) -> T:
         """``compute()`` on rank 0 alone; its result, the ledger and the shared streams' states follow on
         every rank. For stages that run once (a warm-up's mechanisms, sampling a teacher); ``compute`` must
-        not call collectives."""
-        if self.world.size == 1:
+        not call collectives (an ``on_main`` inside it computes in place)."""
+        self._continue_random()
+        if self.world.size == 1 or self._inside_main:
             return compute()
-        sent = (compute(), self.ledger.to_dict(), self.random_state()) if self.world.is_main else None
+        sent = None
+        if self.world.is_main:
+            self._inside_main = True
+            try:
+                sent = (compute(), self.ledger.to_dict(), self.random_state())
+            finally:
+                self._inside_main = False
         received = self.world.broadcast_object(sent)
         assert received is not None
         result, ledger, rng = received
         if not self.world.is_main:
             self.ledger.mirror(PrivacyLedger.from_dict(ledger))
             self.restore_random(rng)
-        return result  # type: ignore[return-value]
+        return result  # type: ignore[no-any-return]
 
     def private_shard(self) -> ImageSet:
         """The training examples this rank reads in full passes: those whose index is its rank modulo the size."""

@@ -63,42 +63,37 @@ class DPMERF(Method):
                                      settings["bandwidth"], settings["seed"])
 
     def fit(self, context: RunContext) -> None:
-        """Release the means and fit the generator on rank 0 (or restore either), then save a preview."""
-        info, settings = context.dataset.info, self.config["generator"]
-        generator = ConditionalGenerator(info.channels, info.height, info.width, info.num_classes,
-                                         settings["latent"], settings["width"]).to(context.device)
-        generator.load_state_dict(context.on_main(lambda: self._trained_weights(context, generator)))
+        """Release the means and fit the generator on rank 0 (each released in turn, or restored), then save a
+        preview."""
+        info = context.dataset.info
+        rff = self._features(info)
+        event = context.planned_event(STAGE, GaussianMechanism)
+        means = context.released(STAGE, lambda: released_class_means(
+            context.dataset.train, info.num_classes, rff, event.noise_multiplier, context.ledger, STAGE,
+            context.noise))
+        generator = self._build_generator(info).to(context.device)
+        generator.load_state_dict(context.released("generator", lambda: self._fitted(context, generator, rff, means)))
         self.generator = generator
         if context.world.is_main:
-            preview = generated_set(generator, 10 * info.num_classes, settings["batch_size"], context.device,
-                                    torch.Generator().manual_seed(0))
+            preview = generated_set(generator, 10 * info.num_classes, self.config["generator"]["batch_size"],
+                                    context.device, torch.Generator().manual_seed(0))
             save_png(class_grid(to_uint8(preview.images), preview.labels.numpy(), info.num_classes),
                      context.run.file(PREVIEW))
 
-    def _trained_weights(self, context: RunContext, generator: ConditionalGenerator) -> dict[str, Any]:
-        """The generator's weights: restored, or fitted to the released (or restored) means and checkpointed."""
-        state, settings = context.state or {}, self.config["generator"]
-        if "rng" in state:
-            context.restore_random(state["rng"])
-        if "generator" in state:
-            return state["generator"]
-        rff = self._features(context.dataset.info)
-        means = state["means"] if "means" in state else self._released_means(context, rff)
+    def _build_generator(self, info: DatasetInfo) -> ConditionalGenerator:
+        settings = self.config["generator"]
+        return ConditionalGenerator(info.channels, info.height, info.width, info.num_classes, settings["latent"],
+                                    settings["width"])
+
+    def _fitted(self, context: RunContext, generator: ConditionalGenerator, rff: RandomFourierFeatures,
+                means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The weights of ``generator`` fitted to the released ``means`` (post-processing)."""
+        settings = self.config["generator"]
         losses = fit_generator(generator, means.to(context.device), rff, GeneratorSettings(
             settings["epochs"], settings["iterations_per_epoch"], settings["batch_size"], settings["lr"],
             settings["lr_decay"]), context.device, context.generator)
         context.log("generator", loss_per_epoch=losses)
-        weights = {name: value.cpu() for name, value in generator.state_dict().items()}
-        context.checkpoint({"means": means, "generator": weights, "rng": context.random_state()})
-        return weights
-
-    def _released_means(self, context: RunContext, rff: RandomFourierFeatures) -> torch.Tensor:
-        """The released means (:func:`released_class_means`), checkpointed."""
-        event = context.planned_event(STAGE, GaussianMechanism)
-        means = released_class_means(context.dataset.train, context.dataset.info.num_classes, rff,
-                                     event.noise_multiplier, context.ledger, STAGE, context.noise)
-        context.checkpoint({"means": means, "rng": context.random_state()})
-        return means
+        return {name: value.detach().cpu().clone() for name, value in generator.state_dict().items()}
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         if self.generator is None:

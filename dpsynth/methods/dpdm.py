@@ -22,6 +22,8 @@ from ..utils.device import memory_limited_by, to_device
 from .base import Method, Release, RunContext, register
 from .training import MakeBatch, PrivateTraining, dpsgd_schedule
 
+DPSGD_STAGE = "dp-sgd"
+
 
 @register
 class DPDM(Method):
@@ -76,7 +78,7 @@ class DPDM(Method):
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
-        return [PlannedStage("dp-sgd", calibrated=schedule.event)]
+        return [PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """The fingerprints of the public model's training images (``model.init_from``), which must come with it."""
@@ -107,23 +109,21 @@ class DPDM(Method):
         info = context.dataset.info
         self.info, model = info, self._build(info, context.device)
         self._log_public_start(context)
-        state = context.state if context.state is not None and context.state.get("phase") == "dp-sgd" else None
-        if state is None:  # the warm-up runs once, on rank 0; DP-SGD starts from its model on every rank
+        if not context.resuming(DPSGD_STAGE):  # the warm-up runs once, on rank 0; DP-SGD starts from its model
             context.on_main(lambda: self.pretrain(context, model))
             context.world.broadcast_module(model)
-        self.model, self.ema = model, self._train_private(context, model, "dp-sgd", "dpsgd",
-                                                          self._batch_maker(context), state)
+        self.model, self.ema = model, self._train_private(context, model, DPSGD_STAGE, "dpsgd",
+                                                          self._batch_maker(context))
 
     def _log_public_start(self, context: RunContext) -> None:
         if self.public_start:
             context.log("public model", **self.public_start)
 
     def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, section: str,
-                       make_batch: MakeBatch, state: dict[str, Any] | None, loss: ExampleLoss | None = None,
-                       **hooks: Any) -> EMA:
+                       make_batch: MakeBatch, loss: ExampleLoss | None = None, **hooks: Any) -> EMA:
         """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA, set by
-        config section ``section``; ends with the EMA weights. ``hooks``: PrivateTraining's ``extra_state`` and
-        ``after_step``."""
+        config section ``section``, resumed when the checkpoint is of that stage; ends with the EMA weights.
+        ``hooks``: PrivateTraining's ``parts`` and ``after_step``."""
         settings = self.config[section]
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
@@ -141,7 +141,7 @@ class DPDM(Method):
                                    checkpoint_every=settings["checkpoint_every"],
                                    memory_setting=(f"{section}.physical_batch_size", settings["physical_batch_size"]),
                                    ema=ema, batch_loss=batch_loss, **hooks)
-        training.run(context, make_batch, state)
+        training.run(context, make_batch)
         ema.copy_to(model)
         return ema
 

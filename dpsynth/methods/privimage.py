@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from ..config import positive_setting
+from ..config import positive_setting, preset_with
 from ..data import DatasetInfo, ImageSet, load_public
 from ..data.fingerprints import fingerprints
 from ..errors import ConfigError
@@ -29,15 +29,15 @@ from ..privacy.mechanisms import release_counts
 from ..privacy.randomness import SecretStream
 from ..utils.device import to_device
 from .base import RunContext, register
-from .dp_feta import DPFETA, _merged
-from .dpdm import DPDM
+from .dpdm import DPDM, DPSGD_STAGE
 from .training import dpsgd_schedule
+from .warmup import Warmup, WarmupSettings, diffusion_loss
 
 STAGE, PHASE = "semantic-histogram", "pretrain-public"
 
 
 @register
-class PrivImage(DPFETA):
+class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
@@ -53,23 +53,17 @@ class PrivImage(DPFETA):
     presets = {
         # DPImageBench (F-MNIST / MNIST): top 5 words, sigma 50, 1 % of ImageNet's 1,000 classes, then DPDM's
         # DP-SGD; its pre-training (25 epochs of batch 64) is public_pretrain.iterations here.
-        "paper": _merged(DPDM.presets["paper"], {"selection": {"ratio": 0.01}}),
+        "paper": preset_with(DPDM.presets["paper"], {"selection": {"ratio": 0.01}}),
         # DPDM's cpu preset with one of its DP-SGD epochs given to the selection and 1,000 pre-training steps, as
         # DP-FETA's cpu preset gives it to its warm-up: about the same CPU time as DPDM's.
-        "cpu": _merged(DPDM.presets["cpu"], {"dpsgd": {"epochs": 5.0},
+        "cpu": preset_with(DPDM.presets["cpu"], {"dpsgd": {"epochs": 5.0},
                                              "public_pretrain": {"iterations": 1000, "checkpoint_every": 250}}),
     }
-
-    def _uses_central(self) -> bool:
-        return False
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         noise = positive_setting(self.config, "selection", "noise_multiplier")
         schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
-        return [PlannedStage(STAGE, GaussianMechanism(noise)), PlannedStage("dp-sgd", calibrated=schedule.event)]
-
-    def warmup_phases(self) -> list[str]:
-        return [PHASE]
+        return [PlannedStage(STAGE, GaussianMechanism(noise)), PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         public = self._public(info)[0]
@@ -82,10 +76,11 @@ class PrivImage(DPFETA):
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Select the public classes (or restore the selection), pre-train on them, start every class at null."""
-        self._restore(context, model)
         public = self._selected_public(context)
-        settings = self.config["public_pretrain"]
-        self._train_phase(context, model, PHASE, settings, self._diffusion_loss(context, public, settings))
+        settings = WarmupSettings.of(self.config, "public_pretrain")
+        loss = diffusion_loss(self.diffusion.batch_loss, self._batch_maker(context, public), len(public), settings,
+                              context.generator)
+        Warmup([PHASE]).train(context, model, PHASE, settings, loss)
         embedding = model.get_submodule("class_embedding")
         assert isinstance(embedding, torch.nn.Embedding)
         with torch.no_grad():
@@ -95,13 +90,10 @@ class PrivImage(DPFETA):
         """The public images of the selected classes, labelled with the null class (unconditional pre-training)."""
         info = context.dataset.info
         public, names = self._public(info)
-        if "selection_classes" not in self._released:
-            chosen, noisy = self._select(context, public, len(names))
-            self._released.update(selection_classes=chosen, selection_histogram=noisy)
-            self._checkpoint(context, PHASE, 0)
-            context.log("public selection", classes=[names[c] for c in chosen.tolist()],
-                        noisy_counts=[int(noisy[c]) for c in chosen.tolist()])
-        keep = torch.isin(public.labels, self._released["selection_classes"])
+        chosen, noisy = context.released(STAGE, lambda: self._select(context, public, len(names)))
+        context.log("public selection", classes=[names[c] for c in chosen.tolist()],
+                    noisy_counts=[int(noisy[c]) for c in chosen.tolist()])
+        keep = torch.isin(public.labels, chosen)
         return ImageSet(public.images[keep], torch.full((int(keep.sum()),), info.num_classes))
 
     def _select(self, context: RunContext, public: ImageSet, num_public: int) -> tuple[torch.Tensor, torch.Tensor]:

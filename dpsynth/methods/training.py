@@ -33,10 +33,11 @@ def dpsgd_schedule(config: Config, section: str, num_train: int) -> DpsgdSchedul
 class PrivateTraining:
     """``steps`` DP-SGD steps of ``model``, recorded in the ledger and checkpointed as phase ``stage``.
 
-    ``extra_state`` adds method state to each checkpoint; ``after_step`` runs after each private step
-    (e.g. a discriminator update on non-private inputs) and returns metrics to show. ``batch_loss``, the
-    per-example losses of a batch in one pass, lets the engine use batched per-example gradients.
-    ``memory_setting`` (key and value) is what an out-of-memory error tells the user to lower.
+    ``parts`` are checkpointed and resumed with the model, optimiser and EMA (e.g. a discriminator and its
+    optimiser); ``after_step`` runs after each private step (e.g. a discriminator update on non-private inputs)
+    and returns metrics to show. ``batch_loss``, the per-example losses of a batch in one pass, lets the engine
+    use batched per-example gradients. ``memory_setting`` (key and value) is what an out-of-memory error tells
+    the user to lower.
     """
 
     stage: str
@@ -48,20 +49,17 @@ class PrivateTraining:
     checkpoint_every: int
     memory_setting: tuple[str, object]
     ema: EMA | None = None
-    extra_state: Callable[[], dict[str, Any]] = field(default=dict)
+    parts: dict[str, Any] = field(default_factory=dict)
     after_step: Callable[[], dict[str, torch.Tensor]] | None = None
     batch_loss: BatchLoss | None = None
 
-    def run(self, context: RunContext, make_batch: MakeBatch, state: dict[str, Any] | None = None) -> None:
-        """Train from ``state`` (a checkpoint of this phase) or from the start."""
-        step = 0
-        if state is not None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.ema is not None:
-                self.ema.load_state_dict(state["ema"])
-            context.restore_random(state["rng"])
-            step = state["step"]
+    def run(self, context: RunContext, make_batch: MakeBatch) -> None:
+        """Train from the checkpoint being resumed when it was saved in this phase, else from the start."""
+        parts = {"model": self.model, "optimizer": self.optimizer, **self.parts}
+        if self.ema is not None:
+            parts["ema"] = self.ema
+        resumed = context.resume(self.stage, **parts)
+        step = resumed.step if resumed is not None else 0
         engine = DPSGD(self.model, self.optimizer, self.loss, settings=self.settings,
                        num_records=len(context.dataset.train), ledger=context.ledger, stage=self.stage,
                        noise=context.noise, world=context.world, generator=context.generator,
@@ -82,12 +80,6 @@ class PrivateTraining:
             step += 1
             progress.update(stats)
             if step % self.checkpoint_every == 0 or step == self.steps:
-                context.checkpoint(self._state(step, context))
+                context.checkpoint(self.stage, step, **parts)
                 context.log(self.stage, step=step, **{name: float(value) for name, value in stats.items()})
         progress.close()
-
-    def _state(self, step: int, context: RunContext) -> dict[str, Any]:
-        ema = {"ema": self.ema.state_dict()} if self.ema is not None else {}
-        return {"phase": self.stage, "step": step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), **ema, "rng": context.random_state(),
-                **self.extra_state()}

@@ -93,24 +93,21 @@ class DPImgSyn(Method):
         return float(self.config["alignment"]["temperature"])
 
     def fit(self, context: RunContext) -> None:
-        info, device = context.dataset.info, context.device
+        """The DP teacher and the DP statistics (released in turn, or restored), then the aligned release."""
         public = self._public_images(context.dataset.info) if self.config["alignment"]["init"] == "public" else None
-        teacher = self._build_teacher(info).to(device)
-        state = context.state
-        if state is None or state["phase"] == "teacher":
-            self._train_teacher(context, teacher)
-            state = context.on_main(lambda: self._released_statistics(context, teacher, public))
-        else:
-            teacher.load_state_dict(state["teacher"])
-            context.restore_random(state["rng"])
-        context.report_metric("teacher_test_accuracy", state["teacher_accuracy"])
-        statistics = BatchStatistics(**state["statistics"])
-        scaling = MomentScaling(state["scale"], state["clip"])
+        teacher = self._build_teacher(context.dataset.info).to(context.device)
+        teacher.load_state_dict(context.released("teacher", lambda: self._trained_teacher(context, teacher),
+                                                 every_rank=True))
+        released = context.released("statistics", lambda: self._released_statistics(context, teacher, public))
+        context.log("statistics", clip=released["clip"], teacher_test_accuracy=released["teacher_accuracy"])
+        context.report_metric("teacher_test_accuracy", released["teacher_accuracy"])
+        statistics = BatchStatistics(**released["statistics"])
+        scaling = MomentScaling(released["scale"], released["clip"])
         self.release = context.on_main(lambda: self._aligned_release(context, teacher, statistics, scaling, public))
 
     def _released_statistics(self, context: RunContext, teacher: torch.nn.Module,
                              public: torch.Tensor | None) -> dict[str, Any]:
-        """The trained teacher's test accuracy, moment scaling (from public data) and DP statistics, checkpointed."""
+        """The trained teacher's test accuracy, moment scaling (from public data) and DP statistics."""
         info, device = context.dataset.info, context.device
         accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
                                  device) / len(context.dataset.test)
@@ -121,20 +118,16 @@ class DPImgSyn(Method):
             statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), scaling,
                                             event.noise_multiplier, batch_size, device, context.ledger, "statistics",
                                             context.noise, info.num_train)
-        state = {"phase": "statistics", "teacher": teacher.state_dict(), "statistics": statistics.state_dict(),
-                 "scale": scaling.scale, "clip": scaling.clip, "teacher_accuracy": accuracy,
-                 "rng": context.random_state()}
-        context.checkpoint(state)
-        context.log("statistics", clip=scaling.clip, teacher_test_accuracy=accuracy)
-        return state
+        return {"statistics": statistics.state_dict(), "scale": scaling.scale, "clip": scaling.clip,
+                "teacher_accuracy": accuracy}
 
     def _build_teacher(self, info: DatasetInfo) -> torch.nn.Module:
         settings = self.config["teacher"]
         return group_norm_resnet(info.channels, info.num_classes, settings["blocks"], settings["widths"],
                                  settings["groups"])
 
-    def _train_teacher(self, context: RunContext, teacher: torch.nn.Module) -> None:
-        """DP-SGD on cross-entropy (SGD with momentum), resumable from the last teacher checkpoint."""
+    def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The teacher's weights after its planned DP-SGD steps on cross-entropy (SGD with momentum)."""
         settings, train = self.config["teacher"], context.dataset.train
         event = context.planned_event("teacher", SubsampledGaussianMechanism)
         optimizer = torch.optim.SGD(teacher.parameters(), lr=settings["lr"], momentum=settings["momentum"])
@@ -149,7 +142,8 @@ class DPImgSyn(Method):
         PrivateTraining(stage="teacher", model=teacher, optimizer=optimizer, loss=_example_loss, settings=engine,
                         steps=event.steps, checkpoint_every=settings["checkpoint_every"],
                         memory_setting=("teacher.physical_batch_size", settings["physical_batch_size"])
-                        ).run(context, make_batch, context.state)
+                        ).run(context, make_batch)
+        return {name: value.detach().clone() for name, value in teacher.state_dict().items()}
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         if self.config["alignment"]["init"] != "public":

@@ -31,8 +31,6 @@ Privacy, and where we depart from the paper (Sec. 4.2-4.5):
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ...config import choice_setting
@@ -95,28 +93,24 @@ class DPSAD(DPDM):
         return [first, PlannedStage("student", calibrated=student.event)]
 
     def fit(self, context: RunContext) -> None:
-        info, state = context.dataset.info, context.state
-        phase = state["phase"] if state is not None else None
+        """The teacher's DP-SGD and its sample pool (released in turn, or restored), then the student's."""
+        info = context.dataset.info
         choice_setting(self.config, "student", "init", INITS)
         self.info, teacher = info, self._build(info, context.device)
         self._log_public_start(context)
-        if phase in (None, "teacher"):
-            self._train_private(context, teacher, "teacher", "teacher",
-                                self._batch_maker(context, section="teacher"), state)
-            pool = context.on_main(lambda: self._teacher_pool(context, teacher))
-            state = {"phase": "pool", "teacher": teacher.state_dict(), **pool, "rng": context.random_state()}
-            context.checkpoint(state)
-        else:
-            assert state is not None
-            teacher.load_state_dict(state["teacher"])
-            if phase == "pool":
-                context.restore_random(state["rng"])
+        teacher.load_state_dict(context.released("teacher", lambda: self._trained_teacher(context, teacher),
+                                                 every_rank=True))
+        pool = context.released("teacher-pool", lambda: self._teacher_pool(context, teacher))
         if context.world.is_main:
-            save_png(class_grid(state["pool_images"].numpy(), state["pool_labels"].numpy(), info.num_classes),
-                     context.run.file(POOL_IMAGES))
-        self.model = self._distil(context, teacher, state, state if phase == "student" else None)
+            save_png(class_grid(pool[0].numpy(), pool[1].numpy(), info.num_classes), context.run.file(POOL_IMAGES))
+        self.model = self._distil(context, teacher, pool)
 
-    def _teacher_pool(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The teacher's weights (its EMA) after its planned DP-SGD steps."""
+        self._train_private(context, teacher, "teacher", "teacher", self._batch_maker(context, section="teacher"))
+        return {name: value.detach().clone() for name, value in teacher.state_dict().items()}
+
+    def _teacher_pool(self, context: RunContext, teacher: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples of the trained (DP) teacher: the discriminator's inputs, so it never reads private data."""
         settings, info = self.config["discriminator"], context.dataset.info
         labels = torch.arange(settings["pool"]) % info.num_classes
@@ -127,10 +121,10 @@ class DPSAD(DPDM):
                                                       settings["pool_steps"], 0.0, context.generator,
                                                       sampler(self.config))
                                 for chunk in labels.split(batch_size)])
-        return {"pool_images": torch.from_numpy(to_uint8(images)), "pool_labels": labels}
+        return torch.from_numpy(to_uint8(images)), labels
 
-    def _distil(self, context: RunContext, teacher: torch.nn.Module, pool: dict[str, Any],
-                state: dict[str, Any] | None) -> torch.nn.Module:
+    def _distil(self, context: RunContext, teacher: torch.nn.Module, pool: tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.nn.Module:
         """The student's DP-SGD steps, each followed by one discriminator step on the teacher's pool."""
         settings, info = self.config["student"], context.dataset.info
         teacher.eval()  # frozen (and in train mode a resumed run differed from an unbroken one by float rounding)
@@ -143,11 +137,8 @@ class DPSAD(DPDM):
                                       self.diffusion).to(context.device)
         optimizer = torch.optim.Adam(discriminator.parameters(), lr=self.config["discriminator"]["lr"],
                                      betas=(0.5, 0.999))
-        if state is not None:
-            discriminator.load_state_dict(state["discriminator"])
-            optimizer.load_state_dict(state["discriminator_optimizer"])
         loss = StudentLoss(self.diffusion, discriminator, settings["output_clip"], settings["adversarial_weight"])
-        pool_set = (pool["pool_images"].float() / 255, pool["pool_labels"])
+        pool_set = (pool[0].float() / 255, pool[1])
 
         def discriminator_step() -> dict[str, torch.Tensor]:
             indices = torch.randint(len(pool_set[1]), (self.config["discriminator"]["batch_size"],),
@@ -164,13 +155,9 @@ class DPSAD(DPDM):
             context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
             return {"d_loss": value.detach()}
 
-        def extra_state() -> dict[str, Any]:
-            return {"teacher": teacher.state_dict(), "pool_images": pool["pool_images"],
-                    "pool_labels": pool["pool_labels"], "discriminator": discriminator.state_dict(),
-                    "discriminator_optimizer": optimizer.state_dict()}
-
-        self._train_private(context, student, "student", "student", self._student_batches(context, teacher), state,
-                            loss, extra_state=extra_state, after_step=discriminator_step)
+        self._train_private(context, student, "student", "student", self._student_batches(context, teacher),
+                            loss, parts={"discriminator": discriminator, "discriminator_optimizer": optimizer},
+                            after_step=discriminator_step)
         return student
 
     def _student_batches(self, context: RunContext, teacher: torch.nn.Module) -> MakeBatch:

@@ -8,22 +8,24 @@ noisy features (no private data) and its images warm up the diffusion model afte
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
 
 import torch
 
-from ...config import choice_setting
+from ...config import choice_setting, preset_with
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...models.generator import ConditionalGenerator
 from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
-from ..dp_feta import DPFETA, LossFn, _merged
+from ..dp_feta import DPFETA
 from ..feature_generator import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
 from ..random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from ..warmup import LossFn, WarmupSettings
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
+FREQUENCY_STAGE = "frequency-features"
 # Phases of each curriculum order; "no-auxiliary" fits the diffusion model's own samples to the features.
 ORDERS = {
     "spatial-frequency": ["warmup-spatial", "warmup-frequency"],
@@ -64,9 +66,9 @@ class FETAPro(DPFETA):
     presets = {
         # Table 9 (F-MNIST / MNIST): 50 central images, spatial warm-up 1000 x 50, frequency warm-up
         # 10 epochs of 60k generated images at batch 256; DP-SGD as DPDM's paper preset.
-        "paper": _merged(DPFETA.presets["paper"], {"warmup": {"iterations": 1000, "batch_size": 50}}),
+        "paper": preset_with(DPFETA.presets["paper"], {"warmup": {"iterations": 1000, "batch_size": 50}}),
         # DP-FETA's cpu preset with part of the DP-SGD time given to the frequency stage (see the README).
-        "cpu": _merged(DPFETA.presets["cpu"], {
+        "cpu": preset_with(DPFETA.presets["cpu"], {
             "dpsgd": {"epochs": 4.25},
             "warmup": {"iterations": 500},
             "generator": {"epochs": 3, "iterations_per_epoch": 200, "images": 10000},
@@ -96,7 +98,7 @@ class FETAPro(DPFETA):
         return FrequencyQuery(self._noise("frequency"), self.config["frequency"]["count_noise"])
 
     def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage("frequency-features", self._frequency_query().event(info.num_classes))]
+        return [PlannedStage(FREQUENCY_STAGE, self._frequency_query().event(info.num_classes))]
 
     def warmup_phases(self) -> list[str]:
         return ORDERS[self._order()] if self._uses_central() else ["warmup-frequency"]
@@ -108,54 +110,49 @@ class FETAPro(DPFETA):
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images and the frequency features, fit the auxiliary generator, warm up."""
-        self._restore(context, model)
         rff = self._features(context.dataset.info)
-        central = self._released_central(context) if self._uses_central() else None
-        targets = self._released_frequency(context, rff)
+        central = self._central(context) if self._uses_central() else None
+        targets = context.released(FREQUENCY_STAGE, lambda: noisy_class_means(
+            context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(), context.ledger,
+            FREQUENCY_STAGE, context.noise))
         auxiliary = self._auxiliary_images(context, rff, targets) if self._order() != "no-auxiliary" else None
+        spatial, frequency = (WarmupSettings.of(self.config, section) for section in ("warmup", "frequency_warmup"))
         losses: dict[str, LossFn] = {}
         if central is not None:
-            losses["warmup-spatial"] = self._diffusion_loss(context, central, self.config["warmup"])
+            losses["warmup-spatial"] = self._diffusion_loss(context, central, spatial)
         if auxiliary is not None:
-            losses["warmup-frequency"] = self._diffusion_loss(context, auxiliary, self.config["frequency_warmup"])
+            losses["warmup-frequency"] = self._diffusion_loss(context, auxiliary, frequency)
         else:
             losses["warmup-frequency"] = self._sample_matching_loss(context, rff, targets)
         for phase in self.warmup_phases():
             if phase == "warmup-joint":
-                self._train_phase(context, model, phase, self._joint_settings(), self._joint_loss(context, losses))
+                joint = replace(frequency, iterations=spatial.iterations + frequency.iterations)
+                self._warmup(context, model, phase, joint, self._joint_loss(context, losses, spatial, frequency))
             else:
-                settings = self.config["warmup" if phase == "warmup-spatial" else "frequency_warmup"]
-                self._train_phase(context, model, phase, settings, losses[phase])
-
-    def _released_frequency(self, context: RunContext, rff: RandomFourierFeatures) -> torch.Tensor:
-        """The noisy per-class mean features: restored, or released (recorded first) and checkpointed."""
-        if "frequency_means" not in self._released:
-            self._released["frequency_means"] = noisy_class_means(
-                context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(),
-                context.ledger, "frequency-features", context.noise)
-            self._checkpoint(context, self.warmup_phases()[0], 0)
-        return self._released["frequency_means"]
+                settings = spatial if phase == "warmup-spatial" else frequency
+                self._warmup(context, model, phase, settings, losses[phase])
 
     def _auxiliary_images(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor) -> ImageSet:
-        """Images of the auxiliary generator fitted to ``targets``: restored, or made and checkpointed."""
-        info, settings = context.dataset.info, self.config["generator"]
-        if "auxiliary_images" not in self._released:
-            generator = ConditionalGenerator(info.channels, info.height, info.width, info.num_classes,
-                                             settings["latent"], settings["width"]).to(context.device)
-            losses = fit_generator(generator, targets.to(context.device), rff,
-                                   GeneratorSettings(settings["epochs"], settings["iterations_per_epoch"],
-                                                     settings["batch_size"], settings["lr"], settings["lr_decay"]),
-                                   context.device, context.generator)
-            context.log("auxiliary-generator", loss_per_epoch=losses)
-            images = generated_set(generator, settings["images"], settings["batch_size"], context.device,
-                                   context.generator)
-            self._released.update(auxiliary_images=torch.from_numpy(to_uint8(images.images)),
-                                  auxiliary_labels=images.labels)
-            self._checkpoint(context, self.warmup_phases()[0], 0)
-        images = self._released["auxiliary_images"]
-        labels = self._released["auxiliary_labels"]
+        """Images of the auxiliary generator fitted to ``targets`` (post-processing: released with them)."""
+        info = context.dataset.info
+        images, labels = context.released("auxiliary-images", lambda: self._generated(context, rff, targets))
         save_png(class_grid(images.numpy(), labels.numpy(), info.num_classes), context.run.file(AUXILIARY_IMAGES))
         return ImageSet(images.float() / 255, labels)
+
+    def _generated(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The auxiliary generator fitted to ``targets`` and its images, as uint8, with their labels."""
+        info, settings = context.dataset.info, self.config["generator"]
+        generator = ConditionalGenerator(info.channels, info.height, info.width, info.num_classes,
+                                         settings["latent"], settings["width"]).to(context.device)
+        losses = fit_generator(generator, targets.to(context.device), rff,
+                               GeneratorSettings(settings["epochs"], settings["iterations_per_epoch"],
+                                                 settings["batch_size"], settings["lr"], settings["lr_decay"]),
+                               context.device, context.generator)
+        context.log("auxiliary-generator", loss_per_epoch=losses)
+        images = generated_set(generator, settings["images"], settings["batch_size"], context.device,
+                               context.generator)
+        return torch.from_numpy(to_uint8(images.images)), images.labels
 
     def _sample_matching_loss(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor
                               ) -> LossFn:
@@ -170,18 +167,15 @@ class FETAPro(DPFETA):
 
         return loss
 
-    def _joint_settings(self) -> dict[str, Any]:
-        spatial, frequency = self.config["warmup"], self.config["frequency_warmup"]
-        return {**frequency, "iterations": spatial["iterations"] + frequency["iterations"]}
-
-    def _joint_loss(self, context: RunContext, losses: dict[str, LossFn]) -> LossFn:
+    @staticmethod
+    def _joint_loss(context: RunContext, losses: dict[str, LossFn], spatial: WarmupSettings,
+                    frequency: WarmupSettings) -> LossFn:
         """Simultaneous: each step is a spatial step with probability I_s / (I_s + I_f), else a frequency step."""
-        spatial, frequency = self.config["warmup"], self.config["frequency_warmup"]
-        share = spatial["iterations"] / (spatial["iterations"] + frequency["iterations"])
+        share = spatial.iterations / (spatial.iterations + frequency.iterations)
 
         def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
             if float(torch.rand((), generator=context.generator)) < share:
-                return losses["warmup-spatial"](model, spatial["batch_size"])
-            return losses["warmup-frequency"](model, frequency["batch_size"])
+                return losses["warmup-spatial"](model, spatial.batch_size)
+            return losses["warmup-frequency"](model, frequency.batch_size)
 
         return loss

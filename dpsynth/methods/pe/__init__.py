@@ -41,6 +41,7 @@ from .histogram import dp_histograms, nearest_neighbour_votes
 T = TypeVar("T")
 
 ITERATIONS_DIR = "iterations"
+PHASE, COUNTS_STAGE, HISTOGRAMS_STAGE = "pe", "class-counts", "histograms"
 APIS = ("drawtext", "diffusion")
 
 
@@ -81,15 +82,15 @@ class PrivateEvolution(Method):
         stages = []
         if settings["class_counts"] == "noisy":
             noise = positive_setting(self.config, "pe", "count_noise")
-            stages.append(PlannedStage("class-counts", GaussianMechanism(noise)))
+            stages.append(PlannedStage(COUNTS_STAGE, GaussianMechanism(noise)))
         elif settings["class_counts"] != "balanced":
             raise ConfigError(f"pe.class_counts must be noisy or balanced, got {settings['class_counts']!r}")
         iterations = int(positive_setting(self.config, "pe", "iterations"))
         if settings["noise_multiplier"] is None:
-            stages.append(PlannedStage("histograms", calibrated=lambda sigma: GaussianMechanism(sigma, iterations)))
+            stages.append(PlannedStage(HISTOGRAMS_STAGE, calibrated=lambda sigma: GaussianMechanism(sigma, iterations)))
         else:
             noise = positive_setting(self.config, "pe", "noise_multiplier")
-            stages.append(PlannedStage("histograms", GaussianMechanism(noise, iterations)))
+            stages.append(PlannedStage(HISTOGRAMS_STAGE, GaussianMechanism(noise, iterations)))
         return stages
 
     def degrees(self) -> list[float]:
@@ -131,9 +132,9 @@ class PrivateEvolution(Method):
         info, settings, degrees = context.dataset.info, self.config["pe"], self.degrees()
         api = self.build_api(info, context.device)
         embed = build_embedding(settings["embedding"], context.device)
-        event = context.planned_event("histograms", GaussianMechanism)
+        event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
         threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
-        sizes, population, start = self._initial_population(context, api)
+        population, start = self._initial_population(context, api)
         private = class_embeddings(context.private_shard(), info.num_classes, embed)
         if self.non_private_outputs():
             if context.world.size > 1:
@@ -147,11 +148,11 @@ class PrivateEvolution(Method):
                                                                          degrees[t]), device=context.device)
                      for c in range(info.num_classes)]
             context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
-            histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, "histograms",
+            histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, HISTOGRAMS_STAGE,
                                        context.noise)
             population = [self._offspring(context, api, population[c], histograms[c], c, degrees[t])
                           for c in range(info.num_classes)]
-            self._checkpoint(context, sizes, population, t + 1)
+            self._checkpoint(context, population, t + 1)
             self._save_grid(context, population, t + 1)
             context.log("pe-iteration", iteration=t + 1, degree=degrees[t], **_histogram_stats(histograms))
             if self.non_private_outputs():
@@ -167,20 +168,19 @@ class PrivateEvolution(Method):
         return [f"{LOG}: the pe-debug-NONPRIVATE events (pe.debug_nonprivate_fd) hold each iteration's Fréchet "
                 "distance to the private set, which no epsilon covers; do not share that log"]
 
-    def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[list[int], list[Samples], int]:
-        """Class sizes, population and iterations done: from the checkpoint, or RANDOM_API per class."""
-        state = context.state
-        if state:
-            context.restore_random(state["rng"])
-            population = [Samples(images, params)
-                          for images, params in zip(state["images"], state["params"], strict=True)]
-            return state["sizes"], population, state["iteration"]
+    def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[list[Samples], int]:
+        """The population and the iterations done: the checkpoint's, or RANDOM_API per class."""
         sizes = self._class_sizes(context)
+        resumed = context.resume(PHASE)
+        if resumed is not None:
+            population = [Samples(images, params)
+                          for images, params in zip(resumed.parts["images"], resumed.parts["params"], strict=True)]
+            return population, resumed.step
         population = [Samples.joined(across_ranks(context, n, partial(_random_part, api, c)))
                       for c, n in enumerate(sizes)]
-        self._checkpoint(context, sizes, population, 0)
+        self._checkpoint(context, population, 0)
         self._save_grid(context, population, 0)
-        return sizes, population, 0
+        return population, 0
 
     def _class_sizes(self, context: RunContext) -> list[int]:
         """Population size per class: ``pe.population`` split by the noisy class sizes (or evenly)."""
@@ -192,8 +192,8 @@ class PrivateEvolution(Method):
             shares = torch.ones(classes, dtype=torch.float64)
         else:
             counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
-            shares = context.on_main(lambda: release_counts(counts, 1.0, settings["count_noise"], context.ledger,
-                                                              "class-counts", context.noise)).clamp_min(1)
+            shares = context.released(COUNTS_STAGE, lambda: release_counts(
+                counts, 1.0, settings["count_noise"], context.ledger, COUNTS_STAGE, context.noise)).clamp_min(1)
         return apportion(total, shares)
 
     def _lookahead(self, context: RunContext, api: ImageAPI, embed: Embedding, samples: Samples, label: int,
@@ -220,11 +220,11 @@ class PrivateEvolution(Method):
         return Samples.joined(across_ranks(context, len(parents), lambda part, g: api.variation_api(
             parents.take(torch.tensor(part, dtype=torch.long)), label, degree, g)))
 
-    def _checkpoint(self, context: RunContext, sizes: list[int], population: list[Samples], iteration: int
-                    ) -> None:
+    @staticmethod
+    def _checkpoint(context: RunContext, population: list[Samples], iteration: int) -> None:
         """The population after ``iteration`` iterations (grids and logs are written only after this)."""
-        context.checkpoint({"iteration": iteration, "sizes": sizes, "images": [p.images for p in population],
-                            "params": [p.params for p in population], "rng": context.random_state()})
+        context.checkpoint(PHASE, iteration, images=[p.images for p in population],
+                           params=[p.params for p in population])
 
     @staticmethod
     def _save_grid(context: RunContext, population: list[Samples], iteration: int) -> None:
