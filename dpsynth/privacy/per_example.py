@@ -6,7 +6,8 @@ SiLU's batched backward, grouped convolutions). Here the model runs as usual on 
 ``autograd.grad`` call takes the gradient of the summed per-example losses with respect to the *output* of every
 module with parameters (so no parameter gradient is formed), and each example's parameter gradient follows in
 closed form from that module's input and output gradient (Opacus' hooks, with a grouped convolution for
-convolution weights instead of an unfolded product): the same numbers as vmap, up to float rounding.
+convolution weights instead of an unfolded product; one rule per module type, registered with :func:`rule_for`):
+the same numbers as vmap, up to float rounding.
 
 Rows: a batch of B examples may run as B*K rows (noise multiplicity K, the rows of an example adjacent); an
 example's gradient is the sum over its rows, which each rule forms directly (never B*K per-row gradients: at
@@ -30,6 +31,17 @@ Params = dict[str, torch.Tensor]
 # loss(model, *batch_tensors) -> the loss of each example, shape (B,)
 BatchLoss = Callable[..., torch.Tensor]
 Rule = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], Params]
+# The per-example rule of each module type with parameters: rule(module, input, output gradient, examples).
+RULES: dict[type[nn.Module], Rule] = {}
+
+
+def rule_for(kind: type[nn.Module]) -> Callable[[Rule], Rule]:
+    """Register the decorated function as the per-example gradient rule of modules of type ``kind`` (which
+    puts ``kind`` on the allow-list, :data:`ALLOWED`)."""
+    def register(rule: Rule) -> Rule:
+        RULES[kind] = rule
+        return rule
+    return register
 
 
 def _by_example(tensor: torch.Tensor, count: int) -> torch.Tensor:
@@ -41,6 +53,7 @@ def _by_example(tensor: torch.Tensor, count: int) -> torch.Tensor:
         rows // count, count * tensor.shape[1], *tensor.shape[2:])
 
 
+@rule_for(nn.Conv2d)
 def _conv(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
     """Each example's weight gradient as one convolution with the examples as groups; bias: summed output gradient."""
     assert isinstance(module, nn.Conv2d)
@@ -55,6 +68,7 @@ def _conv(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count
     return grads
 
 
+@rule_for(nn.Linear)
 def _linear(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
     """Outer products of output gradient and input, summed over an example's rows and any token dimensions."""
     rows = grad_out.reshape(count, -1, grad_out.shape[-1])
@@ -65,6 +79,7 @@ def _linear(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, cou
     return grads
 
 
+@rule_for(nn.GroupNorm)
 def _group_norm(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
     """Output gradient times the normalised input (weight), output gradient (bias), summed over positions."""
     assert isinstance(module, nn.GroupNorm)
@@ -73,6 +88,7 @@ def _group_norm(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor,
             "bias": _summed(grad_out.flatten(2).sum(2), count)}
 
 
+@rule_for(nn.Embedding)
 def _embedding(module: nn.Module, inputs: torch.Tensor, grad_out: torch.Tensor, count: int) -> Params:
     """Each row's output gradient added to the rows of its example's table that it looked up."""
     assert isinstance(module, nn.Embedding)
@@ -87,15 +103,13 @@ def _summed(rows: torch.Tensor, count: int) -> torch.Tensor:
     return rows.view(count, -1, *rows.shape[1:]).sum(1)
 
 
-RULES: dict[type[nn.Module], Rule] = {nn.Conv2d: _conv, nn.Linear: _linear, nn.GroupNorm: _group_norm,
-                                      nn.Embedding: _embedding}
-
-
 # Every module type the batched rules may meet: each treats the examples of a batch independently (no statistic
-# across the batch). Named, so the allow-list needs no import of diffusers; anything else takes vmap.
+# across the batch). Those with a rule, and others named, so the allow-list needs no import of diffusers;
+# anything else takes vmap.
 ALLOWED = frozenset({
+    *(f"{kind.__module__}.{kind.__qualname__}" for kind in RULES),
     *(f"torch.nn.modules.{name}" for name in (
-        "conv.Conv2d", "linear.Linear", "normalization.GroupNorm", "sparse.Embedding", "container.ModuleList",
+        "container.ModuleList",
         "container.Sequential", "activation.SiLU", "activation.ReLU", "activation.GELU", "dropout.Dropout",
         "linear.Identity", "flatten.Flatten", "pooling.AvgPool2d", "pooling.MaxPool2d", "pooling.AdaptiveAvgPool2d")),
     *(f"diffusers.models.{name}" for name in (
