@@ -183,20 +183,17 @@ def choice_setting(config: Config, section: str, key: str, choices: Sequence[str
     return value
 
 
-def positive_setting(config: Config, section: str, key: str) -> float:
-    """``config[section][key]`` as a float; ConfigError naming the key unless it is a positive number."""
-    value = config[section][key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{section}.{key} must be a positive number, got {value!r}")
-    return float(value)
-
-
 S = TypeVar("S")
 
 
 def positive(**kwargs: Any) -> Any:
     """A settings field (:func:`section_settings`) that must be a positive number."""
-    return field(metadata={"positive": True}, **kwargs)
+    return field(metadata={"low": 0, "strict": True}, **kwargs)
+
+
+def at_least(low: float, **kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be a number of at least ``low``."""
+    return field(metadata={"low": low}, **kwargs)
 
 
 def one_of(*choices: str, **kwargs: Any) -> Any:
@@ -207,43 +204,54 @@ def one_of(*choices: str, **kwargs: Any) -> Any:
 def section_settings(kind: type[S], config: Config, section: str) -> S:
     """Config section ``section`` as the frozen dataclass ``kind``, whose fields name the keys it reads.
 
-    Every value is checked against its field's type (``int``: a whole number; ``float``: any number; ``bool``,
-    ``str``; ``X | None``; ``tuple[X, ...]``: a list of X) and its :func:`positive` or :func:`one_of` rule; a
-    key the section lacks takes the field's default. ConfigError naming ``section.key`` otherwise.
+    Every value is checked against its field's type (``int``: a whole number; ``float``: any number; ``bool``;
+    ``str``; unions such as ``float | None``; ``tuple[X, ...]``: a list of X) and its :func:`positive`,
+    :func:`at_least` or :func:`one_of` rule; a key the section lacks takes the field's default. ConfigError
+    naming ``section.key`` and what it must be otherwise.
     """
     values, hints = config.get(section) or {}, get_type_hints(kind)
     settings = {}
     for spec in fields(kind):  # type: ignore[arg-type]
         key = f"{section}.{spec.name}"
-        if spec.name not in values:
-            if spec.default is MISSING and spec.default_factory is MISSING:
-                raise ConfigError(f"{key} is missing from the config")
-            continue
-        settings[spec.name] = _checked(key, values[spec.name], hints[spec.name], spec.metadata)
+        if spec.name in values:
+            settings[spec.name] = _checked(key, values[spec.name], hints[spec.name], spec.metadata)
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            raise ConfigError(f"{key} is missing from the config")
     return kind(**settings)
 
 
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
 def _checked(key: str, value: Any, kind: Any, rules: Mapping[str, Any]) -> Any:
-    """``value`` as type ``kind`` (lists become tuples); ConfigError naming ``key`` when it is not one or breaks
-    ``rules``."""
-    if value is None and type(None) in get_args(kind):
+    """``value`` as type ``kind`` (lists become tuples, whole numbers floats where a float is expected);
+    ConfigError naming ``key`` when it is not one or breaks ``rules``."""
+    kinds = [arg for arg in get_args(kind) if arg is not type(None)] if get_origin(kind) in (Union, UnionType) \
+        else [kind]
+    if value is None and len(kinds) < len(get_args(kind)):
         return None
-    if get_origin(kind) in (Union, UnionType):
-        kind = next(arg for arg in get_args(kind) if arg is not type(None))
-    if get_origin(kind) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_checked(f"{key}[{i}]", item, get_args(kind)[0], rules) for i, item in enumerate(value))
-    expected = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}[kind]
-    valid = (isinstance(value, bool) if kind is bool else
-             not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
-    if rules.get("positive"):
-        valid, expected = valid and value > 0, f"{expected} above 0"
-    if "choices" in rules:
-        valid, expected = valid and value in rules["choices"], f"one of {', '.join(rules['choices'])}"
-    if not valid:
-        raise ConfigError(f"{key} must be {expected}, got {value!r}")
-    return float(value) if kind is float else value
+    for option in kinds:
+        if get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            return tuple(_checked(f"{key}[{i}]", item, get_args(option)[0], rules) for i, item in enumerate(value))
+        if option is bool and isinstance(value, bool) or option is str and isinstance(value, str):
+            return _within(key, value, rules)
+        if option in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and (option is float or isinstance(value, int)):
+            return _within(key, option(value), rules, _KINDS[option])
+    expected = " or ".join("a list" if get_origin(option) is tuple else _KINDS[option] for option in kinds)
+    raise ConfigError(f"{key} must be {expected}{' or null' if len(kinds) < len(get_args(kind)) else ''}, "
+                      f"got {value!r}")
+
+
+def _within(key: str, value: Any, rules: Mapping[str, Any], kind: str = "") -> Any:
+    """``value``; ConfigError naming ``key`` when it lies below the rule's bound or outside its choices."""
+    if "choices" in rules and value not in rules["choices"]:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, rules['choices']))}, got {value!r}")
+    low = rules.get("low")
+    if low is not None and (value <= low if rules.get("strict") else value < low):
+        bound = f"above {low}" if rules.get("strict") else f"of at least {low}"
+        raise ConfigError(f"{key} must be {kind} {bound}, got {value!r}")
+    return value
 
 
 def preset_with(base: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Mapping[str, Any]]) -> Config:

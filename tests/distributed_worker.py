@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpsynth.api import resolve_config
 from dpsynth.data import load_dataset
 from dpsynth.distributed import World
 from dpsynth.methods.base import RunContext
@@ -78,7 +79,7 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
 def pe(world: World, out: Path) -> dict[str, Any]:
     """PE's vote vector (shards' votes all-reduced) and its lookahead embeddings split over the ranks."""
     ctx = context(world, out)
-    method = PrivateEvolution({"pe": {"lookahead": 0}})
+    method = PrivateEvolution(resolve_config("pe", overrides=["pe.lookahead=0"]))
     synthetic = Samples(torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(2)))
     embed = PixelEmbedding()
     embedded = method._lookahead(ctx, None, embed, synthetic, 0, 1.0)  # type: ignore[arg-type]

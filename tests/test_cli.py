@@ -82,6 +82,10 @@ def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(caps
     (["privacy", "dpdm", "--preset", "gpu"], "no preset 'gpu'; presets: paper, cpu"),
     (["privacy", "dpdm", "--dataset", "mnist-5k", "--set", "dpsgd.batch_size=9000"], "batch_size must lie in"),
     (["data", "info", "cifar10"], "dataset 'cifar10' needs a directory"),
+    (["privacy", "dp-feta", "--set", "warmup.iterations=0"], "warmup.iterations must be a whole number above 0, got 0"),
+    (["privacy", "pe", "--set", "pe.lookahead=-1"], "pe.lookahead must be a whole number of at least 0, got -1"),
+    (["privacy", "dp-imgsyn", "--set", "statistics.clip=big"], "statistics.clip must be a number above 0 or auto"),
+    (["privacy", "dp-sad", "--set", "student.output_clip=0"], "student.output_clip must be a number above 0"),
 ])
 def test_errors_are_one_clear_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)

@@ -21,9 +21,12 @@ from conftest import (
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.diffusion import Diffusion
+from dpsynth.diffusion.ddpm import PREDICTIONS as PREDICTION_TYPES
 from dpsynth.diffusion.ddpm import SAMPLERS
 from dpsynth.diffusion.inference import sampling_inputs, sampling_model
+from dpsynth.diffusion.settings import PREDICTIONS, SAMPLER_NAMES
 from dpsynth.errors import ConfigError
+from dpsynth.methods import get_method
 from dpsynth.models import build_unet
 from dpsynth.privacy import PrivacyLedger
 
@@ -139,11 +142,15 @@ def test_a_compiled_sampling_model_draws_what_the_eager_one_draws_without_compil
     assert torch.allclose(samples[0], samples[1], atol=1e-4)
 
 
-def test_unknown_prediction_or_sampler_is_a_config_error():
-    with pytest.raises(ConfigError, match="diffusion.prediction must be one of epsilon, v"):
-        Diffusion(prediction="x0")
-    with pytest.raises(ConfigError, match=r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"):
-        Diffusion().scheduler("euler", 10)
+@pytest.mark.parametrize("override, message", [
+    ("diffusion.prediction=x0", "diffusion.prediction must be one of epsilon, v, got 'x0'"),
+    ("diffusion.sampler=euler", r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"),
+])
+def test_unknown_prediction_or_sampler_is_a_config_error(override, message):
+    assert set(SAMPLER_NAMES) == set(SAMPLERS) and set(PREDICTIONS) == set(PREDICTION_TYPES)
+    config = resolve_config("dpdm", dataset="digits", overrides=[override])
+    with pytest.raises(ConfigError, match=message):
+        get_method("dpdm")(config)
 
 
 def test_guidance_acts_only_inside_its_interval_of_the_trajectory():

@@ -53,14 +53,15 @@ def test_class_means_read_only_their_class_and_record_one_parallel_release(tmp_p
 
 def test_bad_frequency_settings_are_config_errors():
     with pytest.raises(ConfigError, match="frequency.features must be an even number"):
+        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["frequency.features=7"]))
+    with pytest.raises(ConfigError, match="frequency.bandwidth must be a number above 0, got 0"):
+        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["frequency.bandwidth=0"]))
+    with pytest.raises(ValueError, match="the number of features must be even"):
         RandomFourierFeatures(16, 7, 1.0, 0)
-    with pytest.raises(ConfigError, match="frequency.bandwidth must be positive"):
-        RandomFourierFeatures(16, 8, 0.0, 0)
     with pytest.raises(ConfigError, match="curriculum.order must be one of"):
-        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["curriculum.order=backwards"]))._order()
-    method = FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["frequency.noise_multiplier=-1.0"]))
-    with pytest.raises(ConfigError, match="frequency.noise_multiplier must be a positive number or null"):
-        method._noise("frequency")
+        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["curriculum.order=backwards"]))
+    with pytest.raises(ConfigError, match="frequency.noise_multiplier must be a number above 0, got -1"):
+        FETAPro(resolve_config("feta-pro", dataset="digits", overrides=["frequency.noise_multiplier=-1.0"]))
 
 
 def test_auto_noise_is_dpimagebenchs_at_epsilon_1_and_10_and_falls_in_between():
@@ -77,7 +78,8 @@ def test_the_auxiliary_generator_moves_its_features_toward_the_noisy_target(tmp_
                                 "frequency", secret_stream())
     torch.manual_seed(0)
     generator = ConditionalGenerator(1, 8, 8, 10, latent=8, width_base=16)
-    losses = fit_generator(generator, targets, rff, GeneratorSettings(4, 40, 200, 0.01, 0.9), torch.device("cpu"),
+    losses = fit_generator(generator, targets, rff, GeneratorSettings(epochs=4, iterations_per_epoch=40, batch_size=200,
+                                                                   lr=0.01, lr_decay=0.9), torch.device("cpu"),
                            torch.Generator().manual_seed(0))
     assert losses[-1] < 0.5 * losses[0]
 

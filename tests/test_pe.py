@@ -11,11 +11,12 @@ from diffusers import DDPMPipeline, DDPMScheduler
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from dpsynth.api import resolve_config
 from dpsynth.data import DatasetInfo, ImageSet
 from dpsynth.data.glyphs import find_fonts
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
-from dpsynth.errors import ConfigError
-from dpsynth.methods.pe import apportion, class_embeddings
+from dpsynth.errors import ConfigError, DataError
+from dpsynth.methods.pe import PrivateEvolution, apportion, class_embeddings
 from dpsynth.methods.pe.apis import DiffusionAPI, DrawTextAPI
 from dpsynth.methods.pe.embeddings import PixelEmbedding
 from dpsynth.methods.pe.histogram import dp_histograms, nearest_neighbour_votes
@@ -40,8 +41,8 @@ def test_votes_equal_brute_force_nearest_neighbours():
     assert torch.equal(nearest_neighbour_votes(private, synthetic, chunk=64), expected)
 
 
-def test_mismatched_embeddings_are_config_errors():
-    with pytest.raises(ConfigError, match="same d"):
+def test_mismatched_embeddings_are_refused():
+    with pytest.raises(ValueError, match="same d"):
         nearest_neighbour_votes(torch.zeros(3, 4), torch.zeros(2, 5))
 
 
@@ -94,8 +95,11 @@ def test_drawtext_renders_each_class_character_and_small_degrees_vary_little():
 
 
 def test_drawtext_needs_one_character_per_class_and_some_fonts(tmp_path):
-    with pytest.raises(ConfigError, match="one character per class"):
+    with pytest.raises(ValueError, match="one character per class"):
         DrawTextAPI(DIGITS, "01", find_fonts())
+    method = PrivateEvolution(resolve_config("pe", dataset="digits", overrides=["api.characters=ab"]))
+    with pytest.raises(ConfigError, match=r"api.characters: 2 characters \('ab'\) for 10 classes"):
+        method.build_api(DIGITS, torch.device("cpu"))
     with pytest.raises(ConfigError, match=str(tmp_path)):
         find_fonts([str(tmp_path)])
 
@@ -114,16 +118,20 @@ def test_the_diffusion_api_loads_a_saved_diffusers_model_and_returns_private_sha
     assert 0 <= samples.images.min() and samples.images.max() <= 1
     varied = api.variation_api(samples, 0, 0.5, generator)
     assert varied.images.shape == samples.images.shape and not torch.equal(varied.images, samples.images)
-    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
         api.variation_api(samples, 0, 1.5, generator)
 
 
 def test_the_diffusion_api_rejects_a_missing_or_class_conditional_model(tmp_path):
-    with pytest.raises(ConfigError, match="not a diffusers model directory"):
+    with pytest.raises(DataError, match="not a diffusers model directory"):
         DiffusionAPI(str(tmp_path), DIGITS, 4, 4, torch.device("cpu"))
     save_random_model(tmp_path / "conditional", num_classes=10)
-    with pytest.raises(ConfigError, match="class-conditional"):
+    with pytest.raises(DataError, match="class-conditional"):
         DiffusionAPI(str(tmp_path / "conditional"), DIGITS, 4, 4, torch.device("cpu"))
+    method = PrivateEvolution(resolve_config("pe", dataset="digits", overrides=[
+        "api.name=diffusion", f"api.model={tmp_path / 'conditional'}"]))
+    with pytest.raises(ConfigError, match="api.model: .* is class-conditional"):
+        method.build_api(DIGITS, torch.device("cpu"))
 
 
 def test_pretrain_writes_a_model_the_diffusion_api_loads(tmp_path):

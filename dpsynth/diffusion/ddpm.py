@@ -12,7 +12,7 @@ FETA-Pro's and PE's) is DDIM.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,10 +20,8 @@ from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 
-from ..errors import ConfigError
-
 ModelFn = Callable[..., Any]
-Interval = tuple[float, float] | list[float]
+Interval = Sequence[float]
 FULL_TRAJECTORY = (0.0, 1.0)
 PREDICTIONS = {"epsilon": "epsilon", "v": "v_prediction"}
 SAMPLERS: dict[str, type[SchedulerMixin]] = {"dpm-solver++": DPMSolverMultistepScheduler, "ddim": DDIMScheduler,
@@ -43,7 +41,7 @@ class Diffusion:
 
     def __init__(self, timesteps: int = 1000, beta_schedule: str = "linear", prediction: str = "epsilon") -> None:
         if prediction not in PREDICTIONS:
-            raise ConfigError(f"diffusion.prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
+            raise ValueError(f"prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
         self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
                                              prediction_type=PREDICTIONS[prediction])
         self.timesteps, self.beta_schedule, self.prediction = timesteps, beta_schedule, prediction
@@ -155,7 +153,7 @@ class Diffusion:
     def scheduler(self, sampler: str, steps: int) -> SchedulerMixin:
         """A fresh ``sampler`` scheduler on this model's noise schedule, set to ``steps`` steps."""
         if sampler not in SAMPLERS:
-            raise ConfigError(f"diffusion.sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         scheduler = SAMPLERS[sampler].from_config(self.train_scheduler.config)
         scheduler.set_timesteps(steps)
         return scheduler
@@ -177,10 +175,10 @@ class Diffusion:
 
 
 def check_interval(interval: Interval) -> tuple[float, float]:
-    """``diffusion.guidance_interval`` as (low, high) with 0 <= low <= high <= 1; ConfigError otherwise."""
+    """A guidance interval as (low, high) with 0 <= low <= high <= 1; ValueError otherwise."""
     values = tuple(interval) if isinstance(interval, (list, tuple)) else ()
     if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) \
             or not 0 <= values[0] <= values[1] <= 1:
-        raise ConfigError(f"diffusion.guidance_interval must be [low, high] with 0 <= low <= high <= 1 (shares of "
-                          f"the noise schedule's T), got {interval!r}")
+        raise ValueError(f"a guidance interval must be [low, high] with 0 <= low <= high <= 1 (shares of the noise "
+                         f"schedule's T), got {interval!r}")
     return float(values[0]), float(values[1])

@@ -5,7 +5,53 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import Config, at_least, one_of, positive, section_settings
 from ..errors import ConfigError
+
+PREDICTIONS = ("epsilon", "v")
+SAMPLER_NAMES = ("dpm-solver++", "ddim", "unipc")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UNetSettings:
+    """The ``model`` section: the UNet's channels per resolution, layers per block, attention, GroupNorm groups,
+    and a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one)."""
+
+    block_channels: tuple[int, ...] = positive()
+    layers_per_block: int = positive()
+    attention: bool = True
+    norm_groups: int = positive()
+    init_from: str | None = None
+
+    @classmethod
+    def of(cls, config: Config) -> UNetSettings:
+        return section_settings(cls, config, "model")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffusionSettings:
+    """The ``diffusion`` section: the noise schedule and what the network predicts, label dropout (for
+    guidance), and how the release is sampled (sampler, steps, guidance weight and where on the trajectory it
+    acts). Runs configured before ``sampler`` and ``guidance_interval`` existed sample with DDIM throughout."""
+
+    timesteps: int = positive()
+    beta_schedule: str = "linear"
+    prediction: str = one_of(*PREDICTIONS)
+    label_dropout: float = at_least(0)
+    sampler: str = one_of(*SAMPLER_NAMES, default="ddim")
+    sample_steps: int = positive()
+    guidance: float = at_least(0)
+    guidance_interval: tuple[float, ...] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        low, high = (self.guidance_interval + (-1.0, -1.0))[:2]
+        if len(self.guidance_interval) != 2 or not 0 <= low <= high <= 1:
+            raise ConfigError(f"diffusion.guidance_interval must be [low, high] with 0 <= low <= high <= 1 (shares "
+                              f"of the noise schedule's T), got {list(self.guidance_interval)}")
+
+    @classmethod
+    def of(cls, config: Config) -> DiffusionSettings:
+        return section_settings(cls, config, "diffusion")
 
 
 @dataclass(frozen=True)
@@ -38,9 +84,8 @@ class PretrainSettings:
     def for_method(cls, config: dict[str, Any], **training: Any) -> PretrainSettings:
         """Settings whose UNet and diffusion are those of a method's resolved ``config`` (its ``model`` and
         ``diffusion`` sections), class-conditional, so a run of that method can start from the model."""
-        model, diffusion = config["model"], config["diffusion"]
-        return cls(**training, block_channels=tuple(model["block_channels"]),
-                   layers_per_block=model["layers_per_block"], attention=model["attention"],
-                   norm_groups=model["norm_groups"], conditional=True, label_dropout=diffusion["label_dropout"],
-                   timesteps=diffusion["timesteps"], beta_schedule=diffusion["beta_schedule"],
-                   prediction=diffusion["prediction"])
+        model, diffusion = UNetSettings.of(config), DiffusionSettings.of(config)
+        return cls(**training, block_channels=model.block_channels, layers_per_block=model.layers_per_block,
+                   attention=model.attention, norm_groups=model.norm_groups, conditional=True,
+                   label_dropout=diffusion.label_dropout, timesteps=diffusion.timesteps,
+                   beta_schedule=diffusion.beta_schedule, prediction=diffusion.prediction)

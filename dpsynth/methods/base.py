@@ -199,6 +199,12 @@ class RunContext:
         return train.subset(torch.arange(self.world.rank, len(train), self.world.size))
 
 
+def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``module``'s state dict on the CPU: a value :meth:`RunContext.released` keeps must not follow the
+    module as it trains on."""
+    return {name: value.detach().cpu().clone() for name, value in module.state_dict().items()}
+
+
 @dataclass(frozen=True)
 class Release:
     """What :meth:`Method.generate` returns: images in [0, 1], their labels, the soft labels of a method that

@@ -21,11 +21,11 @@ from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
 from ..privacy.mechanisms import release_gaussian
 from ..privacy.randomness import SecretStream
 from ..utils.images import class_grid, save_png, to_uint8
-from .base import Method, Release, RunContext, register
+from .base import Method, Release, RunContext, register, weights
 from .feature_generator import GeneratorSettings, fit_generator, generated_set
-from .random_features import RandomFourierFeatures
+from .random_features import FrequencySettings, RandomFourierFeatures
 
-STAGE = "rff-means"
+MEANS_STAGE = "rff-means"
 SENSITIVITY = math.sqrt(2)  # one image moves its class's (feature sum, size) row by (phi(x), 1)
 PREVIEW = "generator_samples.png"
 
@@ -52,48 +52,38 @@ class DPMERF(Method):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
+        self.frequency_settings = FrequencySettings.of(config)
+        self.generator_settings = GeneratorSettings.of(config)
         self.generator: ConditionalGenerator | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage(STAGE, calibrated=GaussianMechanism)]
-
-    def _features(self, info: DatasetInfo) -> RandomFourierFeatures:
-        settings = self.config["frequency"]
-        return RandomFourierFeatures(info.channels * info.height * info.width, settings["features"],
-                                     settings["bandwidth"], settings["seed"])
+        return [PlannedStage(MEANS_STAGE, calibrated=GaussianMechanism)]
 
     def fit(self, context: RunContext) -> None:
         """Release the means and fit the generator on rank 0 (each released in turn, or restored), then save a
         preview."""
         info = context.dataset.info
-        rff = self._features(info)
-        event = context.planned_event(STAGE, GaussianMechanism)
-        means = context.released(STAGE, lambda: released_class_means(
-            context.dataset.train, info.num_classes, rff, event.noise_multiplier, context.ledger, STAGE,
+        rff = self.frequency_settings.features_of(info)
+        event = context.planned_event(MEANS_STAGE, GaussianMechanism)
+        means = context.released(MEANS_STAGE, lambda: released_class_means(
+            context.dataset.train, info.num_classes, rff, event.noise_multiplier, context.ledger, MEANS_STAGE,
             context.noise))
-        generator = self._build_generator(info).to(context.device)
+        generator = self.generator_settings.build(info).to(context.device)
         generator.load_state_dict(context.released("generator", lambda: self._fitted(context, generator, rff, means)))
         self.generator = generator
         if context.world.is_main:
-            preview = generated_set(generator, 10 * info.num_classes, self.config["generator"]["batch_size"],
+            preview = generated_set(generator, 10 * info.num_classes, self.generator_settings.batch_size,
                                     context.device, torch.Generator().manual_seed(0))
             save_png(class_grid(to_uint8(preview.images), preview.labels.numpy(), info.num_classes),
                      context.run.file(PREVIEW))
 
-    def _build_generator(self, info: DatasetInfo) -> ConditionalGenerator:
-        settings = self.config["generator"]
-        return ConditionalGenerator(info.channels, info.height, info.width, info.num_classes, settings["latent"],
-                                    settings["width"])
-
     def _fitted(self, context: RunContext, generator: ConditionalGenerator, rff: RandomFourierFeatures,
                 means: torch.Tensor) -> dict[str, torch.Tensor]:
         """The weights of ``generator`` fitted to the released ``means`` (post-processing)."""
-        settings = self.config["generator"]
-        losses = fit_generator(generator, means.to(context.device), rff, GeneratorSettings(
-            settings["epochs"], settings["iterations_per_epoch"], settings["batch_size"], settings["lr"],
-            settings["lr_decay"]), context.device, context.generator)
+        losses = fit_generator(generator, means.to(context.device), rff, self.generator_settings, context.device,
+                               context.generator)
         context.log("generator", loss_per_epoch=losses)
-        return {name: value.detach().cpu().clone() for name, value in generator.state_dict().items()}
+        return weights(generator)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         if self.generator is None:

@@ -10,9 +10,10 @@ from tqdm.auto import tqdm
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
-from ..diffusion.ddpm import FULL_TRAJECTORY, check_interval, drop_labels
+from ..diffusion.ddpm import drop_labels
 from ..diffusion.inference import sampling_inputs, sampling_model
 from ..diffusion.pretrain import init_from_public, public_fingerprints, read_pretraining
+from ..diffusion.settings import DiffusionSettings, UNetSettings
 from ..errors import DataError
 from ..hardware import resolve_bf16
 from ..models import build_unet
@@ -20,7 +21,7 @@ from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanis
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import memory_limited_by, to_device
 from .base import Method, Release, RunContext, register
-from .training import MakeBatch, PrivateTraining, dpsgd_schedule
+from .training import DpsgdSection, MakeBatch, PrivateTraining
 
 DPSGD_STAGE = "dp-sgd"
 
@@ -68,21 +69,26 @@ class DPDM(Method):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
-        settings = config["diffusion"]
-        self.diffusion = Diffusion(settings["timesteps"], settings["beta_schedule"], settings["prediction"])
-        self.guidance_interval = check_interval(settings.get("guidance_interval", FULL_TRAJECTORY))
+        self.unet_settings, self.diffusion_settings = UNetSettings.of(config), DiffusionSettings.of(config)
+        self.dpsgd_settings = self._dpsgd_section(config)
+        settings = self.diffusion_settings
+        self.diffusion = Diffusion(settings.timesteps, settings.beta_schedule, settings.prediction)
         self.model: torch.nn.Module | None = None
         self.ema: EMA | None = None
         self.info: DatasetInfo | None = None
         self.public_start: dict[str, Any] = {}  # what init_from_public did, for the log
 
+    @staticmethod
+    def _dpsgd_section(config: dict[str, Any]) -> DpsgdSection:
+        """The section of the diffusion model's DP-SGD (``dpsgd``)."""
+        return DpsgdSection.of(config, "dpsgd")
+
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
-        return [PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
+        return [PlannedStage(DPSGD_STAGE, calibrated=self.dpsgd_settings.schedule(info.num_train).event)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """The fingerprints of the public model's training images (``model.init_from``), which must come with it."""
-        directory = self.config["model"].get("init_from")
+        directory = self.unet_settings.init_from
         if not directory:
             return {}
         read_pretraining(directory, "model.init_from")
@@ -94,11 +100,11 @@ class DPDM(Method):
 
     def _build(self, info: DatasetInfo, device: torch.device) -> torch.nn.Module:
         """The UNet, with the public model's weights when ``model.init_from`` names one (logged at fit)."""
-        settings = self.config["model"]
-        model = build_unet(info.channels, info.height, info.num_classes, settings["block_channels"],
-                           settings["layers_per_block"], settings["attention"], settings["norm_groups"])
-        if settings.get("init_from"):
-            self.public_start = init_from_public(model, settings["init_from"], info.class_names, self.diffusion)
+        settings = self.unet_settings
+        model = build_unet(info.channels, info.height, info.num_classes, list(settings.block_channels),
+                           settings.layers_per_block, settings.attention, settings.norm_groups)
+        if settings.init_from:
+            self.public_start = init_from_public(model, settings.init_from, info.class_names, self.diffusion)
         return model.to(device)
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
@@ -112,49 +118,49 @@ class DPDM(Method):
         if not context.resuming(DPSGD_STAGE):  # the warm-up runs once, on rank 0; DP-SGD starts from its model
             context.on_main(lambda: self.pretrain(context, model))
             context.world.broadcast_module(model)
-        self.model, self.ema = model, self._train_private(context, model, DPSGD_STAGE, "dpsgd",
+        self.model, self.ema = model, self._train_private(context, model, DPSGD_STAGE, self.dpsgd_settings,
                                                           self._batch_maker(context))
 
     def _log_public_start(self, context: RunContext) -> None:
         if self.public_start:
             context.log("public model", **self.public_start)
 
-    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, section: str,
+    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, settings: DpsgdSection,
                        make_batch: MakeBatch, loss: ExampleLoss | None = None, **hooks: Any) -> EMA:
         """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA, set by
-        config section ``section``, resumed when the checkpoint is of that stage; ends with the EMA weights.
-        ``hooks``: PrivateTraining's ``parts`` and ``after_step``."""
-        settings = self.config[section]
+        ``settings``, resumed when the checkpoint is of that stage; ends with the EMA weights. ``hooks``:
+        PrivateTraining's ``parts`` and ``after_step``."""
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
-        ema = EMA(model, settings["ema"])
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+        ema = EMA(model, settings.ema)
         if isinstance(event, SubsampledGaussianMechanism):  # the plan's noise, rate and steps, as accounted
             noise, rate, steps = event.noise_multiplier, event.sample_rate, event.steps
         else:  # a non-private stage: no noise, the rate of the configured batch
-            rate = dpsgd_schedule(self.config, section, context.dataset.info.num_train).sample_rate
+            rate = settings.schedule(context.dataset.info.num_train).sample_rate
             noise, steps = None, cast(NonPrivateAccess, event).count
-        bf16 = resolve_bf16(settings["bf16"], context.device, f"{stage} bf16").value
-        engine = DpsgdSettings(noise, settings["clip"], rate, settings["physical_batch_size"], bf16)
+        bf16 = resolve_bf16(settings.bf16, context.device, settings.key("bf16")).value
+        engine = DpsgdSettings(noise, settings.clip, rate, settings.physical_batch_size, bf16)
         batch_loss = self.diffusion.example_losses if loss is None else None
         training = PrivateTraining(stage=stage, model=model, optimizer=optimizer,
                                    loss=loss or self.diffusion.example_loss, settings=engine, steps=steps,
-                                   checkpoint_every=settings["checkpoint_every"],
-                                   memory_setting=(f"{section}.physical_batch_size", settings["physical_batch_size"]),
+                                   checkpoint_every=settings.checkpoint_every,
+                                   memory_setting=(settings.key("physical_batch_size"), settings.physical_batch_size),
                                    ema=ema, batch_loss=batch_loss, **hooks)
         training.run(context, make_batch)
         ema.copy_to(model)
         return ema
 
-    def _batch_maker(self, context: RunContext, data: ImageSet | None = None, section: str = "dpsgd") -> MakeBatch:
-        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise.
+    def _batch_maker(self, context: RunContext, data: ImageSet | None = None) -> MakeBatch:
+        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise,
+        with the DP-SGD section's noise multiplicity K (draws of t per example).
 
-        ``section`` holds the noise multiplicity K (draws of t per example). Batches of the private split
-        draw their randomness from the rank's example generator, batches of other data from the shared one."""
+        Batches of the private split draw their randomness from the rank's example generator, batches of other
+        data from the shared one."""
         train = data if data is not None else context.dataset.train
         device = context.device
         generator = context.generator if data is not None else context.example_generator
-        shape, k = context.dataset.info.shape, self.config[section]["noise_multiplicity"]
-        null, dropout = context.dataset.info.num_classes, self.config["diffusion"]["label_dropout"]
+        shape, k = context.dataset.info.shape, self.dpsgd_settings.noise_multiplicity
+        null, dropout = context.dataset.info.num_classes, self.diffusion_settings.label_dropout
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
             labels = drop_labels(train.labels[indices], null, dropout, generator)
@@ -166,18 +172,18 @@ class DPDM(Method):
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         if self.model is None or self.info is None:
             raise RuntimeError("generate() needs a fitted model: call fit() first")
-        info, settings = self.info, self.config["diffusion"]
+        info, settings = self.info, self.diffusion_settings
         labels = torch.arange(num_samples) % info.num_classes
         self.model.eval()
         batch_size = self.config["sampling"]["batch_size"]
         chunks = labels.split(batch_size)
-        work = num_samples * settings["sample_steps"]
+        work = num_samples * settings.sample_steps
         with memory_limited_by("sampling.batch_size", batch_size, "sampling the release"), \
                 sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
             images = torch.cat([
-                self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings["sample_steps"],
-                                      settings["guidance"], generator, sampler(self.config), chosen.device,
-                                      self.guidance_interval)
+                self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings.sample_steps,
+                                      settings.guidance, generator, settings.sampler, chosen.device,
+                                      settings.guidance_interval)
                 for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
             ])
         return Release(images, labels, sampling=chosen.report())
@@ -185,10 +191,6 @@ class DPDM(Method):
     def _example(self, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Inputs of one sampling call of the UNet on a chunk (doubled under guidance), to compile it."""
         assert self.info is not None
-        rows = len(labels) * (2 if self.config["diffusion"]["guidance"] else 1)
+        rows = len(labels) * (2 if self.diffusion_settings.guidance else 1)
         return sampling_inputs(rows, self.info.shape, self.diffusion.timesteps)
 
-
-def sampler(config: dict[str, Any]) -> str:
-    """The release's sampler (DDIM for runs configured before ``diffusion.sampler`` existed, as they were)."""
-    return config["diffusion"].get("sampler", "ddim")

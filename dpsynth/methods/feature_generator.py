@@ -12,20 +12,34 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..data import ImageSet
+from ..config import Config, positive, section_settings
+from ..data import DatasetInfo, ImageSet
 from ..models.generator import ConditionalGenerator
 from .random_features import RandomFourierFeatures
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GeneratorSettings:
-    """Adam at ``lr``, multiplied by ``lr_decay`` after each of ``epochs`` epochs of ``iterations_per_epoch``."""
+    """The ``generator`` section: the generator's latent size and width; Adam at ``lr``, multiplied by ``lr_decay``
+    after each of ``epochs`` epochs of ``iterations_per_epoch`` batches of ``batch_size``; ``images`` it makes
+    (FETA-Pro's auxiliary images)."""
 
-    epochs: int
-    iterations_per_epoch: int
-    batch_size: int
-    lr: float
-    lr_decay: float
+    latent: int = positive(default=60)
+    width: int = positive(default=64)
+    epochs: int = positive()
+    iterations_per_epoch: int = positive()
+    batch_size: int = positive()
+    lr: float = positive()
+    lr_decay: float = positive()
+    images: int = positive(default=60000)
+
+    @classmethod
+    def of(cls, config: Config) -> GeneratorSettings:
+        return section_settings(cls, config, "generator")
+
+    def build(self, info: DatasetInfo) -> ConditionalGenerator:
+        """A generator of ``info``'s images and classes."""
+        return ConditionalGenerator(info.channels, info.height, info.width, info.num_classes, self.latent, self.width)
 
 
 def balanced_labels(count: int, num_classes: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ class PDPDiffusion(DPDM):
     presets = {"paper": DPDM.presets["paper"], "cpu": DPDM.presets["cpu"]}
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        if not self.config["model"].get("init_from"):
+        if not self.unet_settings.init_from:
             raise ConfigError(f"{self.name} fine-tunes a model pre-trained on public data: give it with --init-from "
                               f"DIR (model.init_from), written by dpsynth pretrain --for {self.name} --dataset PUBLIC")
         return super().privacy_stages(info)

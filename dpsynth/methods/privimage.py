@@ -14,11 +14,12 @@ histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..config import positive_setting, preset_with
+from ..config import Config, positive, preset_with, section_settings
 from ..data import DatasetInfo, ImageSet, load_public
 from ..data.fingerprints import fingerprints
 from ..errors import ConfigError
@@ -30,10 +31,27 @@ from ..privacy.randomness import SecretStream
 from ..utils.device import to_device
 from .base import RunContext, register
 from .dpdm import DPDM, DPSGD_STAGE
-from .training import dpsgd_schedule
 from .warmup import Warmup, WarmupSettings, diffusion_loss
 
-STAGE, PHASE = "semantic-histogram", "pretrain-public"
+SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectionSettings:
+    """The ``selection`` section: the public set (a name, its directory, how many of its images), the share of
+    its classes kept, how many top classes each private image counts for and the histogram's noise multiplier,
+    and the public classifier's architecture and training."""
+
+    public: str
+    public_data_dir: str | None = None
+    public_num_images: int | None = positive(default=None)
+    ratio: float = positive()
+    top_k: int = positive()
+    noise_multiplier: float = positive()
+    classifier: str = "cnn"
+    classifier_epochs: int = positive()
+    classifier_batch_size: int = positive()
+    classifier_lr: float = positive()
 
 
 @register
@@ -60,24 +78,29 @@ class PrivImage(DPDM):
                                              "public_pretrain": {"iterations": 1000, "checkpoint_every": 250}}),
     }
 
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.selection_settings = section_settings(SelectionSettings, config, "selection")
+        self.pretrain_settings = WarmupSettings.of(config, "public_pretrain")
+
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        noise = positive_setting(self.config, "selection", "noise_multiplier")
-        schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
-        return [PlannedStage(STAGE, GaussianMechanism(noise)), PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
+        schedule = self.dpsgd_settings.schedule(info.num_train)
+        return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier)),
+                PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         public = self._public(info)[0]
         return {**super().public_data(info),
-                f"selection.public {self.config['selection']['public']!r}": fingerprints(public.images)}
+                f"selection.public {self.selection_settings.public!r}": fingerprints(public.images)}
 
     def _public(self, info: DatasetInfo) -> tuple[ImageSet, list[str]]:
-        settings = self.config["selection"]
-        return load_public(settings["public"], settings["public_data_dir"], info, settings["public_num_images"])
+        settings = self.selection_settings
+        return load_public(settings.public, settings.public_data_dir, info, settings.public_num_images)
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Select the public classes (or restore the selection), pre-train on them, start every class at null."""
         public = self._selected_public(context)
-        settings = WarmupSettings.of(self.config, "public_pretrain")
+        settings = self.pretrain_settings
         loss = diffusion_loss(self.diffusion.batch_loss, self._batch_maker(context, public), len(public), settings,
                               context.generator)
         Warmup([PHASE]).train(context, model, PHASE, settings, loss)
@@ -90,7 +113,7 @@ class PrivImage(DPDM):
         """The public images of the selected classes, labelled with the null class (unconditional pre-training)."""
         info = context.dataset.info
         public, names = self._public(info)
-        chosen, noisy = context.released(STAGE, lambda: self._select(context, public, len(names)))
+        chosen, noisy = context.released(SELECTION_STAGE, lambda: self._select(context, public, len(names)))
         context.log("public selection", classes=[names[c] for c in chosen.tolist()],
                     noisy_counts=[int(noisy[c]) for c in chosen.tolist()])
         keep = torch.isin(public.labels, chosen)
@@ -98,9 +121,8 @@ class PrivImage(DPDM):
 
     def _select(self, context: RunContext, public: ImageSet, num_public: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The chosen public classes and the noisy histogram (recorded before it is released)."""
-        settings, device = self.config["selection"], context.device
-        top_k = settings["top_k"]
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_public:
+        top_k, device = self.selection_settings.top_k, context.device
+        if top_k > num_public:
             raise ConfigError(f"selection.top_k must be a whole number in [1, {num_public}] (the public classes), "
                               f"got {top_k!r}")
         classifier = self._public_classifier(context, public, num_public)
@@ -108,17 +130,17 @@ class PrivImage(DPDM):
         with torch.no_grad():
             top = torch.cat([classifier(to_device(train.images[start:start + 1000], device) * 2 - 1)
                              .topk(top_k, dim=1).indices.cpu() for start in range(0, len(train), 1000)])
-        event = context.planned_event(STAGE, GaussianMechanism)
-        noisy = semantic_histogram(top, num_public, event.noise_multiplier, context.ledger, STAGE, context.noise)
-        keep = max(1, round(positive_setting(self.config, "selection", "ratio") * num_public))
+        event = context.planned_event(SELECTION_STAGE, GaussianMechanism)
+        noisy = semantic_histogram(top, num_public, event.noise_multiplier, context.ledger, SELECTION_STAGE,
+                                   context.noise)
+        keep = max(1, round(self.selection_settings.ratio * num_public))
         return noisy.topk(min(keep, num_public)).indices.sort().values, noisy
 
     def _public_classifier(self, context: RunContext, public: ImageSet, num_public: int) -> torch.nn.Module:
         """The classifier of the public labels (public data only), its public accuracy logged."""
-        settings, info = self.config["selection"], context.dataset.info
-        classifier = build_classifier(settings["classifier"], info.channels, num_public).to(context.device)
-        training = TrainingSettings(settings["classifier_epochs"], settings["classifier_batch_size"],
-                                    settings["classifier_lr"])
+        settings, info = self.selection_settings, context.dataset.info
+        classifier = build_classifier(settings.classifier, info.channels, num_public).to(context.device)
+        training = TrainingSettings(settings.classifier_epochs, settings.classifier_batch_size, settings.classifier_lr)
         train_epochs(classifier, public.images, public.labels, training, context.device, context.generator,
                      lambda model: None, "public classifier")
         accuracy = correct_count(classifier, public.images, public.labels, context.device) / len(public)

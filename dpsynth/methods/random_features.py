@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import ImageSet
+from ..config import Config, at_least, positive, section_settings
+from ..data import DatasetInfo, ImageSet
 from ..errors import ConfigError
 from ..privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
 from ..privacy.mechanisms import gaussian_noise, noisy_count
@@ -29,9 +30,9 @@ class RandomFourierFeatures:
 
     def __init__(self, dimension: int, features: int, bandwidth: float, seed: int) -> None:
         if features < 2 or features % 2:
-            raise ConfigError(f"frequency.features must be an even number >= 2, got {features}")
+            raise ValueError(f"the number of features must be even and at least 2, got {features}")
         if not bandwidth > 0:
-            raise ConfigError(f"frequency.bandwidth must be positive, got {bandwidth}")
+            raise ValueError(f"the bandwidth must be positive, got {bandwidth}")
         generator = torch.Generator().manual_seed(seed)
         self.frequencies = torch.randn((features // 2, dimension), generator=generator) / bandwidth ** 0.5
         self.features = features
@@ -47,6 +48,32 @@ class RandomFourierFeatures:
         for start in range(0, len(images), chunk):
             total += self(images[start:start + chunk]).sum(dim=0).double()
         return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrequencySettings:
+    """The ``frequency`` section: ``features`` random Fourier features (an even number) at ``bandwidth`` from a
+    public ``seed``; FETA-Pro's noise multipliers of the feature sums (None: its default for the run's epsilon)
+    and of the class sizes."""
+
+    features: int = at_least(2)
+    bandwidth: float = positive()
+    seed: int = 0
+    noise_multiplier: float | None = positive(default=None)
+    count_noise: float = positive(default=100.0)
+
+    def __post_init__(self) -> None:
+        if self.features % 2:
+            raise ConfigError(f"frequency.features must be an even number (cos and sin halves), got {self.features}")
+
+    @classmethod
+    def of(cls, config: Config) -> FrequencySettings:
+        return section_settings(cls, config, "frequency")
+
+    def features_of(self, info: DatasetInfo) -> RandomFourierFeatures:
+        """The features of ``info``'s images (all their values, flattened)."""
+        return RandomFourierFeatures(info.channels * info.height * info.width, self.features, self.bandwidth,
+                                     self.seed)
 
 
 @dataclass(frozen=True)

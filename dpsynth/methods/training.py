@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from ..config import Config, positive_setting
+from ..config import Config, at_least, positive, section_settings
 from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
@@ -19,14 +19,45 @@ from .base import RunContext
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
 
 
-def dpsgd_schedule(config: Config, section: str, num_train: int) -> DpsgdSchedule:
-    """The DP-SGD schedule of config section ``section`` (batch_size, epochs); ConfigError naming the key for a
-    bad one or a clipping norm that is not positive."""
-    positive_setting(config, section, "clip")
+D = TypeVar("D", bound="DpsgdSection")
+
+
+def dpsgd_schedule(section: str, batch_size: int, epochs: float, num_train: int) -> DpsgdSchedule:
+    """Poisson sampling of ``batch_size`` of ``num_train`` for ``epochs``; ConfigError naming the key of config
+    section ``section`` that does not fit."""
     try:
-        return DpsgdSchedule(config[section]["batch_size"], config[section]["epochs"], num_train)
+        return DpsgdSchedule(batch_size, epochs, num_train)
     except PrivacyError as exc:
         raise ConfigError(f"{section}.{exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpsgdSection:
+    """A DP-SGD config section (``dpsgd``; DP-SAD's ``teacher`` and ``student``): expected batch, epochs,
+    clipping norm, Adam's learning rate, EMA decay, the chunk of examples per pass, how often to checkpoint, bf16
+    autocast (true, false or auto) and the noise multiplicity K (draws of t per example)."""
+
+    section: str = "dpsgd"  # the section's name, for messages
+    batch_size: int = positive()
+    epochs: float = positive()
+    clip: float = positive()
+    lr: float = positive()
+    ema: float = at_least(0)
+    physical_batch_size: int = positive()
+    checkpoint_every: int = positive()
+    bf16: bool | str = "auto"
+    noise_multiplicity: int = positive(default=1)
+
+    @classmethod
+    def of(cls: type[D], config: Config, section: str) -> D:
+        return replace(section_settings(cls, config, section), section=section)
+
+    def schedule(self, num_train: int) -> DpsgdSchedule:
+        return dpsgd_schedule(self.section, self.batch_size, self.epochs, num_train)
+
+    def key(self, name: str) -> str:
+        """The dotted config key of field ``name``, for messages."""
+        return f"{self.section}.{name}"
 
 
 @dataclass(kw_only=True)

@@ -6,20 +6,43 @@ afterwards so the whole run meets the target epsilon (the paper's three-step pro
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ...config import preset_with
+from ...config import Config, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
+from ...errors import ConfigError
 from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dpdm import DPDM, DPSGD_STAGE
-from ..training import dpsgd_schedule
 from ..warmup import LossFn, Warmup, WarmupSettings, diffusion_loss
-from .central import CentralQuery, central_images
+from .central import KINDS, CentralQuery, central_images
 
 CENTRAL_IMAGES = "central_images.png"
 CENTRAL_STAGE = "central-images"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CentralSettings:
+    """The ``central`` section: ``count`` mean or mode images per class (0: none, DPDM), each from a Poisson
+    batch of expected ``batch_size``; see :class:`~.central.CentralQuery` for the rest. A noise multiplier of None
+    is the method's default for the run's epsilon (FETA-Pro)."""
+
+    kind: str = one_of(*KINDS)
+    count: int = at_least(0)
+    batch_size: int = positive()
+    noise_multiplier: float | None = positive()
+    clip: float = positive()
+    bins: int = at_least(2)
+    count_noise: float = positive()
+    downsample: int = positive()
+    denoise: bool = True
+
+    def query(self, num_train: int, noise: float) -> CentralQuery:
+        return CentralQuery(self.kind, self.count, self.batch_size / num_train, noise, self.clip, self.bins,
+                            self.count_noise, self.downsample, self.denoise)
 
 
 @register
@@ -45,24 +68,30 @@ class DPFETA(DPDM):
         }),
     }
 
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.central_settings = section_settings(CentralSettings, config, "central")
+        self.warmup_settings = WarmupSettings.of(config, "warmup")
+
     def _query(self, info: DatasetInfo) -> CentralQuery:
-        settings = self.config["central"]
-        return CentralQuery(settings["kind"], settings["count"], settings["batch_size"] / info.num_train,
-                            self._central_noise(), settings["clip"], settings["bins"],
-                            settings["count_noise"], settings["downsample"], settings["denoise"])
+        return self.central_settings.query(info.num_train, self._central_noise())
 
     def _central_noise(self) -> float:
-        return self.config["central"]["noise_multiplier"]
+        noise = self.central_settings.noise_multiplier
+        if noise is None:
+            raise ConfigError(f"central.noise_multiplier must be a number above 0 ({self.name} has no automatic "
+                              "value), got None")
+        return noise
 
     def _uses_central(self) -> bool:
-        return self.config["central"]["count"] > 0
+        return self.central_settings.count > 0
 
     def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Fixed-noise stages released after the central images (none for DP-FETA)."""
         return []
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        schedule = dpsgd_schedule(self.config, "dpsgd", info.num_train)
+        schedule = self.dpsgd_settings.schedule(info.num_train)
         central = [PlannedStage(CENTRAL_STAGE, self._query(info).event(info.num_classes))]
         return ((central if self._uses_central() else []) + self._feature_stages(info)
                 + [PlannedStage(DPSGD_STAGE, calibrated=schedule.event)])
@@ -75,7 +104,7 @@ class DPFETA(DPDM):
         """Release the central images (or restore them), save their grid, then warm up on them."""
         if not self._uses_central():
             return
-        central, settings = self._central(context), WarmupSettings.of(self.config, "warmup")
+        central, settings = self._central(context), self.warmup_settings
         self._warmup(context, model, "warmup", settings, self._diffusion_loss(context, central, settings))
 
     def _warmup(self, context: RunContext, model: torch.nn.Module, phase: str, settings: WarmupSettings,
@@ -88,7 +117,7 @@ class DPFETA(DPDM):
         central = ImageSet(*context.released(CENTRAL_STAGE, lambda: _tensors(central_images(
             context.dataset.train, info.num_classes, self._query(info), context.ledger, CENTRAL_STAGE,
             context.noise))))
-        per_class = min(10, self.config["central"]["count"])
+        per_class = min(10, self.central_settings.count)
         save_png(class_grid(to_uint8(central.images), central.labels.numpy(), info.num_classes, per_class),
                  context.run.file(CENTRAL_IMAGES))
         return central

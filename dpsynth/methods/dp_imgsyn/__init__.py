@@ -12,6 +12,7 @@ The DP-SGD noise is calibrated so that both stages together meet the target epsi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import kornia
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import choice_setting, positive_setting
+from ...config import Config, at_least, positive, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
@@ -29,13 +30,44 @@ from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechan
 from ...privacy.dpsgd import DpsgdSettings
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import Method, Release, RunContext, register
+from ..base import Method, Release, RunContext, register, weights
 from ..training import PrivateTraining, dpsgd_schedule
 from .alignment import AlignmentSettings, align_images, uniform_targets
 from .statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
 
 ALIGNMENT_GRID = "alignment.png"
-INITS = ("public", "noise")
+TEACHER_STAGE, STATISTICS_STAGE = "teacher", "statistics"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherSettings:
+    """The ``teacher`` section: the GroupNorm ResNet (blocks and widths per stage, groups) and its DP-SGD (SGD
+    with momentum; expected batch, epochs, clipping norm, examples per pass, checkpoint interval)."""
+
+    blocks: tuple[int, ...] = positive()
+    widths: tuple[int, ...] = positive()
+    groups: int = positive()
+    batch_size: int = positive()
+    epochs: float = positive()
+    lr: float = positive()
+    momentum: float = at_least(0)
+    clip: float = positive()
+    physical_batch_size: int = positive()
+    checkpoint_every: int = positive()
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatisticsSettings:
+    """The ``statistics`` section: the noise multiplier, the clipping norm of the scaled moments (a number, or
+    ``auto``: from the starting images) and the batch size they are computed in."""
+
+    noise_multiplier: float = positive()
+    clip: float | str = "auto"
+    batch_size: int = positive()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clip, str) and self.clip != "auto" or not isinstance(self.clip, str) and self.clip <= 0:
+            raise ConfigError(f"statistics.clip must be a number above 0 or auto, got {self.clip!r}")
 
 
 @register
@@ -73,32 +105,34 @@ class DPImgSyn(Method):
                 "evaluation": {"soft_label_epochs": 30, "distillation_temperature": 4}},
     }
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Config) -> None:
         super().__init__(config)
+        self.teacher_settings = section_settings(TeacherSettings, config, "teacher")
+        self.statistics_settings = section_settings(StatisticsSettings, config, "statistics")
+        self.alignment_settings = AlignmentSettings.of(config)
         self.release: Release | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        alignment = self.config["alignment"]
-        public = choice_setting(self.config, "alignment", "init", INITS) == "public"
-        if public and alignment["public"] == info.name and \
-                alignment["public_data_dir"] == self.config["dataset"]["data_dir"]:
+        alignment = self.alignment_settings
+        if alignment.init == "public" and alignment.public == info.name and \
+                alignment.public_data_dir == self.config["dataset"]["data_dir"]:
             raise ConfigError(f"alignment.public: {info.name!r} is the private dataset itself; choose a public "
                               "one (e.g. mnist-5k for a Fashion-MNIST private set) or alignment.init=noise")
-        schedule = dpsgd_schedule(self.config, "teacher", info.num_train)
-        return [PlannedStage("teacher", calibrated=schedule.event),
-                PlannedStage("statistics", GaussianMechanism(positive_setting(self.config, "statistics",
-                                                                               "noise_multiplier")))]
+        teacher = self.teacher_settings
+        schedule = dpsgd_schedule(TEACHER_STAGE, teacher.batch_size, teacher.epochs, info.num_train)
+        return [PlannedStage(TEACHER_STAGE, calibrated=schedule.event),
+                PlannedStage(STATISTICS_STAGE, GaussianMechanism(self.statistics_settings.noise_multiplier))]
 
     def soft_label_temperature(self) -> float:
-        return float(self.config["alignment"]["temperature"])
+        return self.alignment_settings.temperature
 
     def fit(self, context: RunContext) -> None:
         """The DP teacher and the DP statistics (released in turn, or restored), then the aligned release."""
-        public = self._public_images(context.dataset.info) if self.config["alignment"]["init"] == "public" else None
+        public = self._public_images(context.dataset.info) if self.alignment_settings.init == "public" else None
         teacher = self._build_teacher(context.dataset.info).to(context.device)
-        teacher.load_state_dict(context.released("teacher", lambda: self._trained_teacher(context, teacher),
+        teacher.load_state_dict(context.released(TEACHER_STAGE, lambda: self._trained_teacher(context, teacher),
                                                  every_rank=True))
-        released = context.released("statistics", lambda: self._released_statistics(context, teacher, public))
+        released = context.released(STATISTICS_STAGE, lambda: self._released_statistics(context, teacher, public))
         context.log("statistics", clip=released["clip"], teacher_test_accuracy=released["teacher_accuracy"])
         context.report_metric("teacher_test_accuracy", released["teacher_accuracy"])
         statistics = BatchStatistics(**released["statistics"])
@@ -112,57 +146,55 @@ class DPImgSyn(Method):
         accuracy = correct_count(teacher, context.dataset.test.images, context.dataset.test.labels,
                                  device) / len(context.dataset.test)
         scaling = self._moment_scaling(teacher, public, info.shape, device)
-        event = context.planned_event("statistics", GaussianMechanism)
-        batch_size = self.config["statistics"]["batch_size"]
+        event = context.planned_event(STATISTICS_STAGE, GaussianMechanism)
+        batch_size = self.statistics_settings.batch_size
         with memory_limited_by("statistics.batch_size", batch_size, "computing the DP batch statistics"):
             statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), scaling,
-                                            event.noise_multiplier, batch_size, device, context.ledger, "statistics",
-                                            context.noise, info.num_train)
+                                            event.noise_multiplier, batch_size, device, context.ledger,
+                                            STATISTICS_STAGE, context.noise, info.num_train)
         return {"statistics": statistics.state_dict(), "scale": scaling.scale, "clip": scaling.clip,
                 "teacher_accuracy": accuracy}
 
     def _build_teacher(self, info: DatasetInfo) -> torch.nn.Module:
-        settings = self.config["teacher"]
-        return group_norm_resnet(info.channels, info.num_classes, settings["blocks"], settings["widths"],
-                                 settings["groups"])
+        settings = self.teacher_settings
+        return group_norm_resnet(info.channels, info.num_classes, list(settings.blocks), list(settings.widths),
+                                 settings.groups)
 
     def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The teacher's weights after its planned DP-SGD steps on cross-entropy (SGD with momentum)."""
-        settings, train = self.config["teacher"], context.dataset.train
-        event = context.planned_event("teacher", SubsampledGaussianMechanism)
-        optimizer = torch.optim.SGD(teacher.parameters(), lr=settings["lr"], momentum=settings["momentum"])
+        settings, train = self.teacher_settings, context.dataset.train
+        event = context.planned_event(TEACHER_STAGE, SubsampledGaussianMechanism)
+        optimizer = torch.optim.SGD(teacher.parameters(), lr=settings.lr, momentum=settings.momentum)
         inputs = _teacher_inputs(train.images)
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return to_device(inputs[indices], context.device), to_device(train.labels[indices], context.device)
 
         teacher.train()
-        engine = DpsgdSettings(event.noise_multiplier, settings["clip"], event.sample_rate,
-                               settings["physical_batch_size"])
-        PrivateTraining(stage="teacher", model=teacher, optimizer=optimizer, loss=_example_loss, settings=engine,
-                        steps=event.steps, checkpoint_every=settings["checkpoint_every"],
-                        memory_setting=("teacher.physical_batch_size", settings["physical_batch_size"])
+        engine = DpsgdSettings(event.noise_multiplier, settings.clip, event.sample_rate, settings.physical_batch_size)
+        PrivateTraining(stage=TEACHER_STAGE, model=teacher, optimizer=optimizer, loss=_example_loss, settings=engine,
+                        steps=event.steps, checkpoint_every=settings.checkpoint_every,
+                        memory_setting=("teacher.physical_batch_size", settings.physical_batch_size)
                         ).run(context, make_batch)
-        return {name: value.detach().clone() for name, value in teacher.state_dict().items()}
+        return weights(teacher)
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
-        if self.config["alignment"]["init"] != "public":
+        if self.alignment_settings.init != "public":
             return {}
-        return {f"alignment.public {self.config['alignment']['public']!r}": fingerprints(self._public_images(info))}
+        return {f"alignment.public {self.alignment_settings.public!r}": fingerprints(self._public_images(info))}
 
     def _public_images(self, info: DatasetInfo) -> torch.Tensor:
         """Every image of the public dataset, converted to the private images' size and channels."""
-        settings = self.config["alignment"]
-        return load_public(settings["public"], settings["public_data_dir"], info)[0].images
+        settings = self.alignment_settings
+        return load_public(settings.public, settings.public_data_dir, info)[0].images
 
     def _moment_scaling(self, teacher: torch.nn.Module, public: torch.Tensor | None, shape: tuple[int, ...],
                         device: torch.device) -> MomentScaling:
         """The moment blocks' scales from the starting images (public, or 1,000 noise images) and
         ``statistics.clip`` ("auto": 1.5 x the largest scaled norm over those images)."""
-        clip = self.config["statistics"]["clip"]
-        clip = None if clip == "auto" else positive_setting(self.config, "statistics", "clip")
+        clip = None if isinstance(self.statistics_settings.clip, str) else self.statistics_settings.clip
         starts = public if public is not None else self._noise_images(1000, shape, torch.Generator().manual_seed(0))
-        return public_scaling(teacher, _teacher_inputs(starts), clip, self.config["statistics"]["batch_size"], device)
+        return public_scaling(teacher, _teacher_inputs(starts), clip, self.statistics_settings.batch_size, device)
 
     @staticmethod
     def _noise_images(count: int, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -182,7 +214,7 @@ class DPImgSyn(Method):
     def _aligned_release(self, context: RunContext, teacher: torch.nn.Module, statistics: BatchStatistics,
                          scaling: MomentScaling, public: torch.Tensor | None) -> Release:
         """Alg. 1 batch by batch on ``sampling.num_samples`` images, then the teacher's soft labels."""
-        settings = AlignmentSettings.from_config(self.config["alignment"])
+        settings = self.alignment_settings
         count, num_classes = self.config["sampling"]["num_samples"], context.dataset.info.num_classes
         starts = self._starting_images(count, public, context.dataset.info.shape, context.generator)
         targets = torch.cat([uniform_targets(len(chunk), num_classes) for chunk in starts.split(settings.batch_size)])
@@ -195,7 +227,7 @@ class DPImgSyn(Method):
 
     @torch.no_grad()
     def _soft_labels(self, teacher: torch.nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-        temperature = positive_setting(self.config, "alignment", "temperature")
+        temperature = self.alignment_settings.temperature
         logits = torch.cat([teacher(_teacher_inputs(chunk).to(device)).cpu() for chunk in images.split(500)])
         return F.softmax(logits.double() / temperature, dim=1).float()
 

@@ -6,34 +6,45 @@ Images live in the teacher's input space [-1, 1] and are projected back onto it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ...config import Config, at_least, one_of, positive, section_settings
+from ...errors import ConfigError
 from .statistics import BatchStatistics, MomentScaling, batch_statistics
 
+INITS = ("public", "noise")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class AlignmentSettings:
-    """k iterations of Adam (lr, betas) per batch of ``batch_size`` images on Eq. 5 with weights alpha."""
+    """The ``alignment`` section: k ``iterations`` of Adam (lr, betas) per batch of ``batch_size`` images on Eq. 5
+    with weights alpha, starting from a public set's images (``public``, ``public_data_dir``) or low-pass noise
+    (``init``); the soft labels' ``temperature``."""
 
-    iterations: int
-    lr: float
-    betas: tuple[float, float]
-    batch_size: int
-    alpha_feature: float
-    alpha_class: float
-    alpha_tv: float
-    alpha_l2: float
+    iterations: int = positive()
+    lr: float = positive()
+    betas: tuple[float, ...] = (0.5, 0.99)
+    batch_size: int = positive()
+    alpha_feature: float = at_least(0)
+    alpha_class: float = at_least(0)
+    alpha_tv: float = at_least(0)
+    alpha_l2: float = at_least(0)
+    public: str = "photo-patches"
+    public_data_dir: str | None = None
+    init: str = one_of(*INITS, default="public")
+    temperature: float = positive(default=1.0)
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            raise ConfigError(f"alignment.betas must be [beta1, beta2] in [0, 1), got {list(self.betas)}")
 
     @classmethod
-    def from_config(cls, section: dict[str, Any]) -> AlignmentSettings:
-        values = {key: section[key] for key in cls.__dataclass_fields__}
-        values["betas"] = tuple(values["betas"])
-        return cls(**values)
+    def of(cls, config: Config) -> AlignmentSettings:
+        return section_settings(cls, config, "alignment")
 
 
 def total_variation(images: torch.Tensor) -> torch.Tensor:
@@ -65,7 +76,7 @@ def align_batch(teacher: nn.Module, start: torch.Tensor, targets: torch.Tensor, 
     and after alignment."""
     teacher.eval()
     images = start.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([images], lr=settings.lr, betas=settings.betas)
+    optimizer = torch.optim.Adam([images], lr=settings.lr, betas=(settings.betas[0], settings.betas[1]))
     for _ in range(settings.iterations):
         loss = alignment_loss(teacher, images, targets, private, scaling, settings)["total"]
         optimizer.zero_grad(set_to_none=True)

@@ -31,21 +31,55 @@ Privacy, and where we depart from the paper (Sec. 4.2-4.5):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from ...config import choice_setting
+from ...config import Config, at_least, one_of, positive, section_settings
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import RunContext, register
-from ..dpdm import DPDM, sampler
-from ..training import MakeBatch, dpsgd_schedule
+from ..base import RunContext, register, weights
+from ..dpdm import DPDM
+from ..training import DpsgdSection, MakeBatch
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
 TRAINING = ("dp", "non-private")
 INITS = ("teacher", "scratch")
 POOL_IMAGES = "teacher_pool.png"
+TEACHER_STAGE, STUDENT_STAGE = "teacher", "student"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherSection(DpsgdSection):
+    """The ``teacher`` section: DPDM's DP-SGD settings, how the teacher is trained and its guidance w (Eq. 5)."""
+
+    training: str = one_of(*TRAINING)
+    guidance: float = at_least(0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudentSection(DpsgdSection):
+    """The ``student`` section: DP-SGD settings, the clipping norm at the output, the adversarial term's weight
+    and how the student starts."""
+
+    output_clip: float = positive()
+    adversarial_weight: float = at_least(0)
+    init: str = one_of(*INITS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscriminatorSettings:
+    """The ``discriminator`` section: width, Adam's learning rate, batch size, and the pool of teacher samples
+    (size, sampling steps) it learns from."""
+
+    width: int = positive()
+    lr: float = positive()
+    batch_size: int = positive()
+    pool: int = positive()
+    pool_steps: int = positive()
 
 
 @register
@@ -83,22 +117,34 @@ class DPSAD(DPDM):
         },
     }
 
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        assert isinstance(self.dpsgd_settings, TeacherSection)
+        self.teacher_settings = self.dpsgd_settings
+        self.student_settings = StudentSection.of(config, "student")
+        self.discriminator_settings = section_settings(DiscriminatorSettings, config, "discriminator")
+
+    @staticmethod
+    def _dpsgd_section(config: dict[str, Any]) -> DpsgdSection:
+        """The teacher's section: the teacher is trained as DPDM trains its model."""
+        return TeacherSection.of(config, "teacher")
+
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Teacher and student DP-SGD share one calibrated sigma; a non-private teacher is recorded as such."""
-        teacher, student = (dpsgd_schedule(self.config, s, info.num_train) for s in ("teacher", "student"))
-        if choice_setting(self.config, "teacher", "training", TRAINING) == "non-private":
-            first = PlannedStage("teacher", event=NonPrivateAccess(teacher.steps))
+        teacher, student = (settings.schedule(info.num_train) for settings in (self.teacher_settings,
+                                                                               self.student_settings))
+        if self.teacher_settings.training == "non-private":
+            first = PlannedStage(TEACHER_STAGE, event=NonPrivateAccess(teacher.steps))
         else:
-            first = PlannedStage("teacher", calibrated=teacher.event)
-        return [first, PlannedStage("student", calibrated=student.event)]
+            first = PlannedStage(TEACHER_STAGE, calibrated=teacher.event)
+        return [first, PlannedStage(STUDENT_STAGE, calibrated=student.event)]
 
     def fit(self, context: RunContext) -> None:
         """The teacher's DP-SGD and its sample pool (released in turn, or restored), then the student's."""
         info = context.dataset.info
-        choice_setting(self.config, "student", "init", INITS)
         self.info, teacher = info, self._build(info, context.device)
         self._log_public_start(context)
-        teacher.load_state_dict(context.released("teacher", lambda: self._trained_teacher(context, teacher),
+        teacher.load_state_dict(context.released(TEACHER_STAGE, lambda: self._trained_teacher(context, teacher),
                                                  every_rank=True))
         pool = context.released("teacher-pool", lambda: self._teacher_pool(context, teacher))
         if context.world.is_main:
@@ -107,41 +153,41 @@ class DPSAD(DPDM):
 
     def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The teacher's weights (its EMA) after its planned DP-SGD steps."""
-        self._train_private(context, teacher, "teacher", "teacher", self._batch_maker(context, section="teacher"))
-        return {name: value.detach().clone() for name, value in teacher.state_dict().items()}
+        self._train_private(context, teacher, TEACHER_STAGE, self.teacher_settings, self._batch_maker(context))
+        return weights(teacher)
 
     def _teacher_pool(self, context: RunContext, teacher: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples of the trained (DP) teacher: the discriminator's inputs, so it never reads private data."""
-        settings, info = self.config["discriminator"], context.dataset.info
-        labels = torch.arange(settings["pool"]) % info.num_classes
+        settings, info = self.discriminator_settings, context.dataset.info
+        labels = torch.arange(settings.pool) % info.num_classes
         teacher.eval()
         batch_size = self.config["sampling"]["batch_size"]
         with memory_limited_by("sampling.batch_size", batch_size, "sampling the teacher's pool"):
             images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
-                                                      settings["pool_steps"], 0.0, context.generator,
-                                                      sampler(self.config))
+                                                      settings.pool_steps, 0.0, context.generator,
+                                                      self.diffusion_settings.sampler)
                                 for chunk in labels.split(batch_size)])
         return torch.from_numpy(to_uint8(images)), labels
 
     def _distil(self, context: RunContext, teacher: torch.nn.Module, pool: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.nn.Module:
         """The student's DP-SGD steps, each followed by one discriminator step on the teacher's pool."""
-        settings, info = self.config["student"], context.dataset.info
+        settings, info = self.student_settings, context.dataset.info
         teacher.eval()  # frozen (and in train mode a resumed run differed from an unbroken one by float rounding)
         for param in teacher.parameters():
             param.requires_grad_(False)
         student = self._build(info, context.device)
-        if settings["init"] == "teacher":
+        if settings.init == "teacher":
             student.load_state_dict(teacher.state_dict())
-        discriminator = Discriminator(info.channels, self.config["discriminator"]["width"],
+        discriminator = Discriminator(info.channels, self.discriminator_settings.width,
                                       self.diffusion).to(context.device)
-        optimizer = torch.optim.Adam(discriminator.parameters(), lr=self.config["discriminator"]["lr"],
+        optimizer = torch.optim.Adam(discriminator.parameters(), lr=self.discriminator_settings.lr,
                                      betas=(0.5, 0.999))
-        loss = StudentLoss(self.diffusion, discriminator, settings["output_clip"], settings["adversarial_weight"])
+        loss = StudentLoss(self.diffusion, discriminator, settings.output_clip, settings.adversarial_weight)
         pool_set = (pool[0].float() / 255, pool[1])
 
         def discriminator_step() -> dict[str, torch.Tensor]:
-            indices = torch.randint(len(pool_set[1]), (self.config["discriminator"]["batch_size"],),
+            indices = torch.randint(len(pool_set[1]), (self.discriminator_settings.batch_size,),
                                     generator=context.generator)
             noisy, times, labels, teacher_next, _ = self._student_inputs(
                 context, teacher, pool_set[0][indices], pool_set[1][indices], context.generator)
@@ -155,9 +201,9 @@ class DPSAD(DPDM):
             context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
             return {"d_loss": value.detach()}
 
-        self._train_private(context, student, "student", "student", self._student_batches(context, teacher),
-                            loss, parts={"discriminator": discriminator, "discriminator_optimizer": optimizer},
-                            after_step=discriminator_step)
+        self._train_private(context, student, STUDENT_STAGE, self.student_settings,
+                            self._student_batches(context, teacher), loss, after_step=discriminator_step,
+                            parts={"discriminator": discriminator, "discriminator_optimizer": optimizer})
         return student
 
     def _student_batches(self, context: RunContext, teacher: torch.nn.Module) -> MakeBatch:
@@ -180,6 +226,6 @@ class DPSAD(DPDM):
         noisy, times, labels, target = (to_device(t, context.device) for t in (noisy, times, labels, target))
         with torch.no_grad():
             teacher_out = self.diffusion.guided(teacher, noisy, times, labels, context.dataset.info.num_classes,
-                                                self.config["teacher"]["guidance"]).float()
+                                                self.teacher_settings.guidance).float()
         previous = self.diffusion.previous_mean
         return noisy, times, labels, previous(teacher_out, noisy, times), previous(target, noisy, times)

@@ -8,20 +8,18 @@ noisy features (no private data) and its images warm up the diffusion model afte
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from ...config import choice_setting, preset_with
+from ...config import Config, choice_setting, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
-from ...errors import ConfigError
-from ...models.generator import ConditionalGenerator
 from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import RunContext, register
 from ..dp_feta import DPFETA
 from ..feature_generator import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
-from ..random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from ..random_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
 from ..warmup import LossFn, WarmupSettings
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
@@ -44,6 +42,14 @@ def auto_noise(section: str, epsilon: float) -> float:
     """The default noise multiplier of ``section`` at a total budget of ``epsilon``."""
     at_1, at_10 = AUTO_NOISE[section]
     return at_1 * epsilon ** -math.log10(at_1 / at_10)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrequencyWarmupSettings(WarmupSettings):
+    """The ``frequency_warmup`` section: a warm-up, and the sampling steps of FETA-Pro-No-Auxiliary's
+    differentiable samples."""
+
+    sample_steps: int = positive(default=4)
 
 
 @register
@@ -76,47 +82,42 @@ class FETAPro(DPFETA):
         }),
     }
 
-    def _order(self) -> str:
-        return choice_setting(self.config, "curriculum", "order", list(ORDERS))
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.frequency_settings = FrequencySettings.of(config)
+        self.generator_settings = GeneratorSettings.of(config)
+        self.frequency_warmup_settings = section_settings(FrequencyWarmupSettings, config, "frequency_warmup")
+        self.order = choice_setting(config, "curriculum", "order", list(ORDERS))
 
-    def _noise(self, section: str) -> float:
-        value = self.config[section]["noise_multiplier"]
-        if value is None:
-            return auto_noise(section, self.config["privacy"]["epsilon"])
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{section}.noise_multiplier must be a positive number or null (DPImageBench's "
-                              f"value for the run's epsilon), got {value!r}")
-        return float(value)
+    def _noise(self, section: str, value: float | None) -> float:
+        """``value``, or for None DPImageBench's noise multiplier of ``section`` at the run's epsilon."""
+        return auto_noise(section, self.config["privacy"]["epsilon"]) if value is None else value
 
     def _uses_central(self) -> bool:
-        return self._order() != "frequency" and super()._uses_central()
+        return self.order != "frequency" and super()._uses_central()
 
     def _central_noise(self) -> float:
-        return self._noise("central")
+        return self._noise("central", self.central_settings.noise_multiplier)
 
     def _frequency_query(self) -> FrequencyQuery:
-        return FrequencyQuery(self._noise("frequency"), self.config["frequency"]["count_noise"])
+        settings = self.frequency_settings
+        return FrequencyQuery(self._noise("frequency", settings.noise_multiplier), settings.count_noise)
 
     def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [PlannedStage(FREQUENCY_STAGE, self._frequency_query().event(info.num_classes))]
 
     def warmup_phases(self) -> list[str]:
-        return ORDERS[self._order()] if self._uses_central() else ["warmup-frequency"]
-
-    def _features(self, info: DatasetInfo) -> RandomFourierFeatures:
-        settings = self.config["frequency"]
-        return RandomFourierFeatures(info.channels * info.height * info.width, settings["features"],
-                                     settings["bandwidth"], settings["seed"])
+        return ORDERS[self.order] if self._uses_central() else ["warmup-frequency"]
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images and the frequency features, fit the auxiliary generator, warm up."""
-        rff = self._features(context.dataset.info)
+        rff = self.frequency_settings.features_of(context.dataset.info)
         central = self._central(context) if self._uses_central() else None
         targets = context.released(FREQUENCY_STAGE, lambda: noisy_class_means(
             context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(), context.ledger,
             FREQUENCY_STAGE, context.noise))
-        auxiliary = self._auxiliary_images(context, rff, targets) if self._order() != "no-auxiliary" else None
-        spatial, frequency = (WarmupSettings.of(self.config, section) for section in ("warmup", "frequency_warmup"))
+        auxiliary = self._auxiliary_images(context, rff, targets) if self.order != "no-auxiliary" else None
+        spatial, frequency = self.warmup_settings, self.frequency_warmup_settings
         losses: dict[str, LossFn] = {}
         if central is not None:
             losses["warmup-spatial"] = self._diffusion_loss(context, central, spatial)
@@ -142,22 +143,19 @@ class FETAPro(DPFETA):
     def _generated(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The auxiliary generator fitted to ``targets`` and its images, as uint8, with their labels."""
-        info, settings = context.dataset.info, self.config["generator"]
-        generator = ConditionalGenerator(info.channels, info.height, info.width, info.num_classes,
-                                         settings["latent"], settings["width"]).to(context.device)
-        losses = fit_generator(generator, targets.to(context.device), rff,
-                               GeneratorSettings(settings["epochs"], settings["iterations_per_epoch"],
-                                                 settings["batch_size"], settings["lr"], settings["lr_decay"]),
-                               context.device, context.generator)
+        settings = self.generator_settings
+        generator = settings.build(context.dataset.info).to(context.device)
+        losses = fit_generator(generator, targets.to(context.device), rff, settings, context.device,
+                               context.generator)
         context.log("auxiliary-generator", loss_per_epoch=losses)
-        images = generated_set(generator, settings["images"], settings["batch_size"], context.device,
+        images = generated_set(generator, settings.images, settings.batch_size, context.device,
                                context.generator)
         return torch.from_numpy(to_uint8(images.images)), images.labels
 
     def _sample_matching_loss(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor
                               ) -> LossFn:
         """FETA-Pro-No-Auxiliary: the feature-matching loss of the diffusion model's own (differentiable) samples."""
-        info, steps = context.dataset.info, self.config["frequency_warmup"]["sample_steps"]
+        info, steps = context.dataset.info, self.frequency_warmup_settings.sample_steps
 
         def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
             labels = balanced_labels(batch_size, info.num_classes)

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from ...config import choice_setting, positive_setting
+from ...config import Config, at_least, one_of, positive, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS
 from ...data.glyphs import find_fonts
-from ...errors import ConfigError, PrivacyWarning
+from ...errors import ConfigError, DataError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
@@ -35,7 +36,7 @@ from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
 from ..base import Method, Release, RunContext, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
-from .embeddings import Embedding, build_embedding
+from .embeddings import EMBEDDINGS, Embedding, build_embedding
 from .histogram import dp_histograms, nearest_neighbour_votes
 
 T = TypeVar("T")
@@ -43,6 +44,51 @@ T = TypeVar("T")
 ITERATIONS_DIR = "iterations"
 PHASE, COUNTS_STAGE, HISTOGRAMS_STAGE = "pe", "class-counts", "histograms"
 APIS = ("drawtext", "diffusion")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The ``api`` section: which foundation-model API (``drawtext`` renders ``characters`` in the fonts found
+    under ``font_dirs``; ``diffusion`` samples the diffusers ``model`` with ``steps`` DDIM steps, ``batch_size``
+    images at a time)."""
+
+    name: str = one_of(*APIS)
+    characters: str = "0123456789"
+    font_dirs: tuple[str, ...] = ()
+    model: str | None = None
+    steps: int = positive()
+    batch_size: int = positive()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvolutionSettings:
+    """The ``pe`` section: T ``iterations`` of a ``population`` with k ``lookahead`` variations per vote, the
+    histograms' noise multiplier (None: calibrated to the budget) and threshold (None: sqrt(2) sigma), the
+    variation degree per iteration (``[start, end]`` spaced linearly, or one per iteration), the embedding,
+    how the population splits over classes (``noisy`` class sizes, released with ``count_noise``, or
+    ``balanced``) and the non-private debugging distance."""
+
+    iterations: int = positive()
+    population: int = positive()
+    lookahead: int = at_least(0)
+    noise_multiplier: float | None = positive(default=None)
+    threshold: float | None = at_least(0, default=None)
+    degrees: tuple[float, ...] = positive()
+    embedding: str = one_of(*EMBEDDINGS)
+    class_counts: str = one_of("noisy", "balanced")
+    count_noise: float = positive()
+    debug_nonprivate_fd: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.schedule()) != self.iterations or not all(0 < d <= 1 for d in self.degrees):
+            raise ConfigError(f"pe.degrees: give [start, end] or one degree in (0, 1] per iteration "
+                              f"({self.iterations}), got {list(self.degrees)}")
+
+    def schedule(self) -> list[float]:
+        """The variation degree of each iteration."""
+        if len(self.degrees) == 2 and self.iterations != 2:
+            return np.linspace(self.degrees[0], self.degrees[1], self.iterations).tolist()
+        return list(self.degrees)
 
 
 @register
@@ -69,45 +115,30 @@ class PrivateEvolution(Method):
                 "sampling": {"num_samples": 5000}},
     }
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Config) -> None:
         super().__init__(config)
+        self.api_settings = section_settings(ApiSettings, config, "api")
+        self.settings = section_settings(EvolutionSettings, config, "pe")
         self.api: ImageAPI | None = None
         self.population: list[Samples] | None = None
         self.info: DatasetInfo | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        settings = self.config["pe"]
-        self.degrees()
-        choice_setting(self.config, "api", "name", APIS)
-        stages = []
-        if settings["class_counts"] == "noisy":
-            noise = positive_setting(self.config, "pe", "count_noise")
-            stages.append(PlannedStage(COUNTS_STAGE, GaussianMechanism(noise)))
-        elif settings["class_counts"] != "balanced":
-            raise ConfigError(f"pe.class_counts must be noisy or balanced, got {settings['class_counts']!r}")
-        iterations = int(positive_setting(self.config, "pe", "iterations"))
-        if settings["noise_multiplier"] is None:
-            stages.append(PlannedStage(HISTOGRAMS_STAGE, calibrated=lambda sigma: GaussianMechanism(sigma, iterations)))
+        settings, stages = self.settings, []
+        if settings.class_counts == "noisy":
+            stages.append(PlannedStage(COUNTS_STAGE, GaussianMechanism(settings.count_noise)))
+        if settings.noise_multiplier is None:
+            stages.append(PlannedStage(HISTOGRAMS_STAGE,
+                                       calibrated=lambda sigma: GaussianMechanism(sigma, settings.iterations)))
         else:
-            noise = positive_setting(self.config, "pe", "noise_multiplier")
-            stages.append(PlannedStage(HISTOGRAMS_STAGE, GaussianMechanism(noise, iterations)))
+            stages.append(PlannedStage(HISTOGRAMS_STAGE,
+                                       GaussianMechanism(settings.noise_multiplier, settings.iterations)))
         return stages
-
-    def degrees(self) -> list[float]:
-        """The variation degree of each iteration: ``pe.degrees`` [start, end] spaced linearly, or one per iteration."""
-        settings = self.config["pe"]
-        degrees, iterations = list(settings["degrees"]), settings["iterations"]
-        if len(degrees) == 2 and iterations != 2:
-            degrees = np.linspace(degrees[0], degrees[1], iterations).tolist()
-        if len(degrees) != iterations or not all(0 < d <= 1 for d in degrees):
-            raise ConfigError(f"pe.degrees: give [start, end] or one degree in (0, 1] per iteration "
-                              f"({iterations}), got {settings['degrees']}")
-        return degrees
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """The fingerprints of the diffusion API's training data, which ``dpsynth pretrain`` saves with the model."""
-        model = self.config["api"]["model"]
-        if self.config["api"]["name"] != "diffusion" or not model:
+        model = self.api_settings.model
+        if self.api_settings.name != "diffusion" or not model:
             return {}
         from ...diffusion.pretrain import public_fingerprints  # diffusers' import is for the diffusion API alone
 
@@ -120,20 +151,26 @@ class PrivateEvolution(Method):
         return {f"the training data of api.model {model}": prints}
 
     def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
-        settings = self.config["api"]
-        if choice_setting(self.config, "api", "name", APIS) == "drawtext":
-            return DrawTextAPI(info, settings["characters"], find_fonts(settings["font_dirs"]))
-        if not settings["model"]:
+        settings = self.api_settings
+        if settings.name == "drawtext":
+            if len(settings.characters) != info.num_classes:
+                raise ConfigError(f"api.characters: {len(settings.characters)} characters ({settings.characters!r}) "
+                                  f"for {info.num_classes} classes of {info.name}; give one character per class")
+            return DrawTextAPI(info, settings.characters, find_fonts(list(settings.font_dirs)))
+        if not settings.model:
             raise ConfigError("api.model: the diffusion API needs a diffusers model directory "
                               "(--set api.model=DIR, e.g. one written by dpsynth pretrain)")
-        return DiffusionAPI(settings["model"], info, settings["steps"], settings["batch_size"], device)
+        try:
+            return DiffusionAPI(settings.model, info, settings.steps, settings.batch_size, device, "api.batch_size")
+        except DataError as error:
+            raise ConfigError(f"api.model: {error}") from None
 
     def fit(self, context: RunContext) -> None:
-        info, settings, degrees = context.dataset.info, self.config["pe"], self.degrees()
+        info, settings, degrees = context.dataset.info, self.settings, self.settings.schedule()
         api = self.build_api(info, context.device)
-        embed = build_embedding(settings["embedding"], context.device)
+        embed = build_embedding(settings.embedding, context.device)
         event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
-        threshold = settings["threshold"] if settings["threshold"] is not None else 2 ** 0.5 * event.noise_multiplier
+        threshold = settings.threshold if settings.threshold is not None else 2 ** 0.5 * event.noise_multiplier
         population, start = self._initial_population(context, api)
         private = class_embeddings(context.private_shard(), info.num_classes, embed)
         if self.non_private_outputs():
@@ -142,8 +179,8 @@ class PrivateEvolution(Method):
             warnings.warn(f"pe.debug_nonprivate_fd is on: {self.non_private_outputs()[0]}", stacklevel=2)
             if start == 0:
                 _log_nonprivate_distance(context, private, population, embed, 0)
-        progress = context.progress(settings["iterations"], "pe", initial=start)
-        for t in range(start, settings["iterations"]):
+        progress = context.progress(settings.iterations, "pe", initial=start)
+        for t in range(start, settings.iterations):
             votes = [nearest_neighbour_votes(private[c], self._lookahead(context, api, embed, population[c], c,
                                                                          degrees[t]), device=context.device)
                      for c in range(info.num_classes)]
@@ -163,7 +200,7 @@ class PrivateEvolution(Method):
         self.api, self.population, self.info = api, population, info
 
     def non_private_outputs(self) -> list[str]:
-        if not self.config["pe"].get("debug_nonprivate_fd", False):
+        if not self.settings.debug_nonprivate_fd:
             return []
         return [f"{LOG}: the pe-debug-NONPRIVATE events (pe.debug_nonprivate_fd) hold each iteration's Fréchet "
                 "distance to the private set, which no epsilon covers; do not share that log"]
@@ -184,22 +221,22 @@ class PrivateEvolution(Method):
 
     def _class_sizes(self, context: RunContext) -> list[int]:
         """Population size per class: ``pe.population`` split by the noisy class sizes (or evenly)."""
-        info, settings = context.dataset.info, self.config["pe"]
-        total, classes = int(settings["population"]), info.num_classes
+        info, settings = context.dataset.info, self.settings
+        total, classes = settings.population, info.num_classes
         if total < classes:
             raise ConfigError(f"pe.population must be at least the number of classes ({classes}), got {total}")
-        if settings["class_counts"] == "balanced":
+        if settings.class_counts == "balanced":
             shares = torch.ones(classes, dtype=torch.float64)
         else:
             counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
             shares = context.released(COUNTS_STAGE, lambda: release_counts(
-                counts, 1.0, settings["count_noise"], context.ledger, COUNTS_STAGE, context.noise)).clamp_min(1)
+                counts, 1.0, settings.count_noise, context.ledger, COUNTS_STAGE, context.noise)).clamp_min(1)
         return apportion(total, shares)
 
     def _lookahead(self, context: RunContext, api: ImageAPI, embed: Embedding, samples: Samples, label: int,
                    degree: float) -> torch.Tensor:
         """Each sample's embedding, or the mean embedding of its k variations (lookahead)."""
-        k = self.config["pe"]["lookahead"]
+        k = self.settings.lookahead
 
         def embedded(part: range, generator: torch.Generator) -> torch.Tensor:
             mine = samples.take(torch.tensor(part, dtype=torch.long))
@@ -248,7 +285,7 @@ class PrivateEvolution(Method):
             extra = size - len(chosen)
             if extra > 0:
                 parents = samples.take(torch.randint(len(samples), (extra,), generator=generator))
-                varied = self.api.variation_api(parents, label, self.degrees()[-1], generator)
+                varied = self.api.variation_api(parents, label, self.settings.schedule()[-1], generator)
                 chosen = Samples.joined([chosen, varied])
             images.append(chosen.images)
             labels.append(torch.full((size,), label))

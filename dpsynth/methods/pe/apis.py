@@ -15,7 +15,7 @@ import torch
 
 from ...data import DatasetInfo
 from ...data.glyphs import DEFAULT_RANGES, TextRanges, render_character
-from ...errors import ConfigError
+from ...errors import DataError
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import convert_images
 
@@ -57,8 +57,8 @@ class DrawTextAPI:
     def __init__(self, info: DatasetInfo, characters: str, fonts: list[Path], ranges: TextRanges = DEFAULT_RANGES
                  ) -> None:
         if len(characters) != info.num_classes:
-            raise ConfigError(f"api.characters: {len(characters)} characters ({characters!r}) for "
-                              f"{info.num_classes} classes of {info.name}; give one character per class")
+            raise ValueError(f"{len(characters)} characters ({characters!r}) for {info.num_classes} classes of "
+                             f"{info.name}; give one character per class")
         self.info, self.characters, self.fonts, self.ranges = info, characters, fonts, ranges
 
     def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
@@ -67,7 +67,7 @@ class DrawTextAPI:
 
     def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
         if samples.params is None:
-            raise ConfigError("the drawtext API can only vary images it rendered itself")
+            raise ValueError("the drawtext API can only vary images it rendered itself")
         bounds = self.ranges.bounds()
         n = len(samples)
         step = torch.randn((n, len(bounds)), generator=generator, dtype=torch.float64)
@@ -95,33 +95,34 @@ class DiffusionAPI:
     tells classes apart through the private votes alone. Outputs are resized to the private data's shape.
     """
 
-    def __init__(self, path: str, info: DatasetInfo, steps: int, batch_size: int, device: torch.device) -> None:
+    def __init__(self, path: str, info: DatasetInfo, steps: int, batch_size: int, device: torch.device,
+                 memory_setting: str = "batch_size") -> None:
         from diffusers import DDIMScheduler, UNet2DModel
 
         directory = Path(path)
         if not (directory / "unet" / "config.json").is_file() or not (directory / "scheduler").is_dir():
-            raise ConfigError(f"api.model: {directory} is not a diffusers model directory (expected unet/config.json "
-                              "and scheduler/, as DDPMPipeline.save_pretrained or dpsynth pretrain write them)")
+            raise DataError(f"{directory} is not a diffusers model directory (expected unet/config.json and "
+                            "scheduler/, as DDPMPipeline.save_pretrained or dpsynth pretrain write them)")
         self.unet = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False).to(device).eval()
         if self.unet.config.num_class_embeds is not None:
-            raise ConfigError(f"api.model: {directory} is class-conditional; PE's diffusion API needs an "
-                              "unconditional model")
+            raise DataError(f"{directory} is class-conditional; PE's diffusion API needs an unconditional model")
         self.scheduler = DDIMScheduler.from_pretrained(directory, subfolder="scheduler")
         if steps < 1:
-            raise ConfigError(f"api.steps must be >= 1, got {steps}")
+            raise ValueError(f"steps must be >= 1, got {steps}")
         self.info, self.steps, self.batch_size, self.device = info, steps, batch_size, device
+        self.memory_setting = memory_setting  # the setting an out-of-memory error tells the user to lower
 
     def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
         return Samples(self._batched(n, None, 1.0, generator))
 
     def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
         if not 0 < degree <= 1:
-            raise ConfigError(f"pe.degrees must lie in (0, 1] for the diffusion API, got {degree}")
+            raise ValueError(f"a variation degree must lie in (0, 1], got {degree}")
         return Samples(self._batched(len(samples), samples.images, degree, generator))
 
     def _batched(self, n: int, images: torch.Tensor | None, degree: float, generator: torch.Generator
                  ) -> torch.Tensor:
-        with memory_limited_by("api.batch_size", self.batch_size, "running the diffusion API"):
+        with memory_limited_by(self.memory_setting, self.batch_size, "running the diffusion API"):
             parts = [self._denoise(min(self.batch_size, n - s),
                                    None if images is None else images[s:s + self.batch_size], degree, generator)
                      for s in range(0, n, self.batch_size)]

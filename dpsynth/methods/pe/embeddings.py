@@ -5,9 +5,10 @@ from typing import Protocol
 
 import torch
 
-from ...errors import ConfigError
 from ...evaluation.inception import InceptionFeatures
 from ...utils.images import to_uint8
+
+EMBEDDINGS = ("pixels", "inception")
 
 
 class Embedding(Protocol):
@@ -40,9 +41,9 @@ class InceptionEmbedding:
 
 
 def build_embedding(name: str, device: torch.device) -> Embedding:
-    """The embedding called ``name`` (``pe.embedding``)."""
+    """The embedding called ``name`` (one of :data:`EMBEDDINGS`)."""
     if name == "pixels":
         return PixelEmbedding()
     if name == "inception":
         return InceptionEmbedding(device)
-    raise ConfigError(f"pe.embedding must be pixels or inception, got {name!r}")
+    raise ValueError(f"unknown embedding {name!r}; embeddings: {', '.join(EMBEDDINGS)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import ConfigError
 from ...privacy import PrivacyLedger
 from ...privacy.mechanisms import release_counts
 from ...privacy.randomness import SecretStream
@@ -22,7 +21,7 @@ def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chun
     60k x 60k fits in memory; ties go to the lowest index.
     """
     if private.dim() != 2 or synthetic.dim() != 2 or private.shape[1] != synthetic.shape[1]:
-        raise ConfigError(f"embeddings must be N x d and M x d with the same d, got {tuple(private.shape)} "
+        raise ValueError(f"embeddings must be N x d and M x d with the same d, got {tuple(private.shape)} "
                           f"and {tuple(synthetic.shape)}")
     device = device or synthetic.device
     votes = torch.zeros(len(synthetic), dtype=torch.float64, device=device)
@@ -37,6 +36,6 @@ def dp_histograms(votes: list[torch.Tensor], noise_multiplier: float, threshold:
                   stage: str, noise: SecretStream) -> list[torch.Tensor]:
     """Every class's votes plus N(0, sigma^2) per bin, then max(count - threshold, 0); recorded once, first."""
     if threshold < 0:
-        raise ConfigError(f"pe.threshold must be >= 0, got {threshold}")
+        raise ValueError(f"the threshold must be >= 0, got {threshold}")
     noisy = release_counts(torch.cat(votes), 1.0, noise_multiplier, ledger, stage, noise)
     return list((noisy - threshold).clamp_min(0).split([len(v) for v in votes]))
