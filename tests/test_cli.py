@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from opacus.accountants.utils import get_noise_multiplier
 
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
+from dpsynth.config import flat_keys
 from dpsynth.errors import ConfigError
-from dpsynth.methods import METHODS, MODULES
+from dpsynth.methods import METHODS, MODULES, get_method
 from dpsynth.privacy import default_delta
 
 
@@ -131,3 +133,14 @@ def test_help_and_a_bad_argument_are_answered_without_importing_torch():
 
 def test_every_listed_method_registers_itself_under_its_name():
     assert list(METHODS) == list(MODULES) and all(METHODS[name].name == name for name in MODULES)
+
+
+def test_every_key_of_every_method_section_is_checked_when_the_method_is_made():
+    for name in MODULES:
+        method = get_method(name)
+        for key in flat_keys(method.sections):
+            config = resolve_config(name)
+            section, leaf = key.split(".")
+            config[section][leaf] = {"not": "a setting"}
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                method(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config, at_least, one_of, positive, section_settings
+from ..config import at_least, one_of, positive, section_settings
 from ..errors import ConfigError
 
 PREDICTIONS = ("epsilon", "v")
@@ -22,10 +22,6 @@ class UNetSettings:
     attention: bool = True
     norm_groups: int = positive()
     init_from: str | None = None
-
-    @classmethod
-    def of(cls, config: Config) -> UNetSettings:
-        return section_settings(cls, config, "model")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,10 +44,6 @@ class DiffusionSettings:
         if len(self.guidance_interval) != 2 or not 0 <= low <= high <= 1:
             raise ConfigError(f"diffusion.guidance_interval must be [low, high] with 0 <= low <= high <= 1 (shares "
                               f"of the noise schedule's T), got {list(self.guidance_interval)}")
-
-    @classmethod
-    def of(cls, config: Config) -> DiffusionSettings:
-        return section_settings(cls, config, "diffusion")
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,8 @@ class PretrainSettings:
     def for_method(cls, config: dict[str, Any], **training: Any) -> PretrainSettings:
         """Settings whose UNet and diffusion are those of a method's resolved ``config`` (its ``model`` and
         ``diffusion`` sections), class-conditional, so a run of that method can start from the model."""
-        model, diffusion = UNetSettings.of(config), DiffusionSettings.of(config)
+        model = section_settings(UNetSettings, config, "model")
+        diffusion = section_settings(DiffusionSettings, config, "diffusion")
         return cls(**training, block_channels=model.block_channels, layers_per_block=model.layers_per_block,
                    attention=model.attention, norm_groups=model.norm_groups, conditional=True,
                    label_dropout=diffusion.label_dropout, timesteps=diffusion.timesteps,

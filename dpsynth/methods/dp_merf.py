@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..config import section_settings
 from ..data import DatasetInfo, ImageSet
 from ..models.generator import ConditionalGenerator
 from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
@@ -52,8 +53,8 @@ class DPMERF(Method):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
-        self.frequency_settings = FrequencySettings.of(config)
-        self.generator_settings = GeneratorSettings.of(config)
+        self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
+        self.generator_settings = section_settings(GeneratorSettings, config, "generator")
         self.generator: ConditionalGenerator | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:

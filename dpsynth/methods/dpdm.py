@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..config import section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
@@ -69,7 +70,8 @@ class DPDM(Method):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
-        self.unet_settings, self.diffusion_settings = UNetSettings.of(config), DiffusionSettings.of(config)
+        self.unet_settings = section_settings(UNetSettings, config, "model")
+        self.diffusion_settings = section_settings(DiffusionSettings, config, "diffusion")
         self.dpsgd_settings = self._dpsgd_section(config)
         settings = self.diffusion_settings
         self.diffusion = Diffusion(settings.timesteps, settings.beta_schedule, settings.prediction)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, positive, section_settings
+from ..config import positive
 from ..data import DatasetInfo, ImageSet
 from ..models.generator import ConditionalGenerator
 from .random_features import RandomFourierFeatures
@@ -32,10 +32,6 @@ class GeneratorSettings:
     lr: float = positive()
     lr_decay: float = positive()
     images: int = positive(default=60000)
-
-    @classmethod
-    def of(cls, config: Config) -> GeneratorSettings:
-        return section_settings(cls, config, "generator")
 
     def build(self, info: DatasetInfo) -> ConditionalGenerator:
         """A generator of ``info``'s images and classes."""

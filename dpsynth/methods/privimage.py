@@ -81,7 +81,7 @@ class PrivImage(DPDM):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.selection_settings = section_settings(SelectionSettings, config, "selection")
-        self.pretrain_settings = WarmupSettings.of(config, "public_pretrain")
+        self.pretrain_settings = section_settings(WarmupSettings, config, "public_pretrain")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         schedule = self.dpsgd_settings.schedule(info.num_train)

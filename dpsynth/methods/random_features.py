@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Config, at_least, positive, section_settings
+from ..config import at_least, positive
 from ..data import DatasetInfo, ImageSet
 from ..errors import ConfigError
 from ..privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
@@ -65,10 +65,6 @@ class FrequencySettings:
     def __post_init__(self) -> None:
         if self.features % 2:
             raise ConfigError(f"frequency.features must be an even number (cos and sin halves), got {self.features}")
-
-    @classmethod
-    def of(cls, config: Config) -> FrequencySettings:
-        return section_settings(cls, config, "frequency")
 
     def features_of(self, info: DatasetInfo) -> RandomFourierFeatures:
         """The features of ``info``'s images (all their values, flattened)."""

@@ -10,7 +10,7 @@ from kornia.augmentation.auto import RandAugment
 from kornia.augmentation.auto.rand_augment.rand_augment import default_policy
 from tqdm.auto import tqdm
 
-from ..config import Config, positive, section_settings
+from ..config import positive
 from .base import RunContext
 from .training import MakeBatch
 
@@ -34,10 +34,6 @@ class WarmupSettings:
     augment: bool = False
     augment_ops: int = positive(default=2)
     augment_magnitude: int = positive(default=10)
-
-    @classmethod
-    def of(cls, config: Config, section: str) -> WarmupSettings:
-        return section_settings(cls, config, section)
 
 
 def augmented(augment: RandAugment, images: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ class DPFETA(DPDM):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.central_settings = section_settings(CentralSettings, config, "central")
-        self.warmup_settings = WarmupSettings.of(config, "warmup")
+        self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
 
     def _query(self, info: DatasetInfo) -> CentralQuery:
         return self.central_settings.query(info.num_train, self._central_noise())

@@ -109,7 +109,7 @@ class DPImgSyn(Method):
         super().__init__(config)
         self.teacher_settings = section_settings(TeacherSettings, config, "teacher")
         self.statistics_settings = section_settings(StatisticsSettings, config, "statistics")
-        self.alignment_settings = AlignmentSettings.of(config)
+        self.alignment_settings = section_settings(AlignmentSettings, config, "alignment")
         self.release: Release | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ...config import Config, at_least, one_of, positive, section_settings
+from ...config import at_least, one_of, positive
 from ...errors import ConfigError
 from .statistics import BatchStatistics, MomentScaling, batch_statistics
 
@@ -41,10 +41,6 @@ class AlignmentSettings:
     def __post_init__(self) -> None:
         if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
             raise ConfigError(f"alignment.betas must be [beta1, beta2] in [0, 1), got {list(self.betas)}")
-
-    @classmethod
-    def of(cls, config: Config) -> AlignmentSettings:
-        return section_settings(cls, config, "alignment")
 
 
 def total_variation(images: torch.Tensor) -> torch.Tensor:

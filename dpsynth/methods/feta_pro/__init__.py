@@ -84,8 +84,8 @@ class FETAPro(DPFETA):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.frequency_settings = FrequencySettings.of(config)
-        self.generator_settings = GeneratorSettings.of(config)
+        self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
+        self.generator_settings = section_settings(GeneratorSettings, config, "generator")
         self.frequency_warmup_settings = section_settings(FrequencyWarmupSettings, config, "frequency_warmup")
         self.order = choice_setting(config, "curriculum", "order", list(ORDERS))
 
