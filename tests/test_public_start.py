@@ -18,7 +18,7 @@ from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
-from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain
+from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start
@@ -74,6 +74,23 @@ def test_a_started_model_predicts_what_the_public_model_predicts_unconditionally
         expected = public(x, t, class_labels=torch.full((4,), 62)).sample
         for labels in (torch.tensor([0, 3, 9, 10]), torch.full((4,), 10)):
             assert torch.allclose(private.eval()(x, t, class_labels=labels).sample, expected, atol=1e-5)
+
+
+def test_spread_starts_each_private_class_at_its_own_public_class_row_chosen_farthest_apart(tmp_path):
+    out = public_model(tmp_path)
+    private = build_unet(1, 8, 10, [8, 16], 1, True, 4)
+    done = init_from_public(private, out, [str(d) for d in range(10)], Diffusion(prediction="v"), class_start="spread")
+    assert done["class_embedding"].startswith("public class rows spread apart")
+    from diffusers import UNet2DModel
+    public = UNet2DModel.from_pretrained(out, subfolder="unet").class_embedding.weight.detach()
+    started = private.class_embedding.weight.detach()
+    chosen = spread_rows(public[:-1], 10)
+    assert len(set(chosen.tolist())) == 10 and torch.equal(started[:10], public[chosen])
+    assert torch.equal(started[10], public[-1])  # the null row from the public null row
+    spread = torch.pdist(started[:10]).min()
+    assert spread >= torch.pdist(public[:10]).min()  # no closer than the first ten public classes
+    three = spread_rows(public[:3], 3).tolist()
+    assert spread_rows(public[:3], 5).tolist() == three + three[:2]  # fewer public rows: reused in turn
 
 
 def test_a_public_model_of_another_shape_or_diffusion_is_refused_by_name(tmp_path):

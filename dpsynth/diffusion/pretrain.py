@@ -109,14 +109,16 @@ def public_fingerprints(directory: str | Path) -> np.ndarray | None:
 
 
 def init_from_public(model: UNet2DModel, directory: str | Path, class_names: list[str], diffusion: Diffusion,
-                     setting: str = "model.init_from") -> dict[str, Any]:
+                     setting: str = "model.init_from", class_start: str = "shared") -> dict[str, Any]:
     """Load the weights of the public model in ``directory`` into ``model`` (built for the private data).
 
     The UNet and the diffusion (timesteps, schedule, prediction) must be the same; ConfigError naming what
     differs otherwise. The class embedding is copied when the public classes are the private ones (same names,
-    same order); otherwise every private row, the null class's included, starts at the public model's null
-    (unconditional) row, and at zero when the public model is unconditional: either way the fine-tuned model
-    starts as the public model's unconditional one. Returns what was done, for the run's log."""
+    same order). Otherwise the private null row starts at the public null (unconditional) row, and each private
+    class row at ``class_start``: ``shared``, the public null row too (the fine-tuned model starts as the public
+    model's unconditional one); ``spread``, a public class row of its own, the C rows chosen farthest apart
+    (:func:`spread_rows`), so the classes are told apart from the first step. An unconditional public model
+    gives zero rows. Returns what was done, for the run's log."""
     record = read_pretraining(directory, setting)
     public = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False)
     _check_same_diffusion(record, diffusion, directory, setting)
@@ -131,11 +133,24 @@ def init_from_public(model: UNet2DModel, directory: str | Path, class_names: lis
         elif record.get("class_names") == class_names:
             embedding.copy_(public.class_embedding.weight)
             classes = "copied (same classes)"
+        elif class_start == "spread":
+            rows = public.class_embedding.weight
+            embedding.copy_(torch.cat([rows[spread_rows(rows[:-1], len(class_names))], rows[-1:]]))
+            classes = f"public class rows spread apart ({len(rows) - 1} public classes), null from the public null"
         else:
             embedding.copy_(public.class_embedding.weight[-1].expand_as(embedding))
             classes = f"the public null class ({len(public.class_embedding.weight) - 1} public classes)"
     return {"directory": str(directory), "dataset": record.get("dataset"), "images": record.get("images"),
             "step": record.get("step"), "seconds": record.get("seconds"), "class_embedding": classes}
+
+
+def spread_rows(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of ``count`` of ``rows`` chosen farthest apart: the row farthest from their mean, then each time
+    the row farthest from those chosen (the rows are reused in that order when there are fewer than ``count``)."""
+    chosen = [int((rows - rows.mean(0)).norm(dim=1).argmax())]
+    while len(chosen) < min(count, len(rows)):
+        chosen.append(int(torch.cdist(rows, rows[chosen]).min(dim=1).values.argmax()))
+    return torch.tensor([chosen[i % len(chosen)] for i in range(count)])
 
 
 def _check_same_diffusion(record: dict[str, Any], diffusion: Diffusion, directory: str | Path, setting: str) -> None:

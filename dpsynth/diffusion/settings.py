@@ -10,18 +10,21 @@ from ..errors import ConfigError
 
 PREDICTIONS = ("epsilon", "v")
 SAMPLER_NAMES = ("dpm-solver++", "ddim", "unipc")
+CLASS_STARTS = ("shared", "spread")
 
 
 @dataclass(frozen=True, kw_only=True)
 class UNetSettings:
     """The ``model`` section: the UNet's channels per resolution, layers per block, attention, GroupNorm groups,
-    and a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one)."""
+    a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one) and where its private
+    class rows start when the public classes differ (:func:`~dpsynth.diffusion.pretrain.init_from_public`)."""
 
     block_channels: tuple[int, ...] = positive()
     layers_per_block: int = positive()
     attention: bool = True
     norm_groups: int = positive()
     init_from: str | None = None
+    class_start: str = one_of(*CLASS_STARTS, default="shared")
 
 
 @dataclass(frozen=True, kw_only=True)

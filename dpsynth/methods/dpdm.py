@@ -34,9 +34,10 @@ class DPDM(Method):
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     sections = {
-        # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from.
+        # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
+        # class_start: where the private class rows start when its classes differ (shared null row, or spread).
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
-                  "init_from": None},
+                  "init_from": None, "class_start": "shared"},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
                       "label_dropout": 0.1,
                       "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
@@ -106,7 +107,8 @@ class DPDM(Method):
         model = build_unet(info.channels, info.height, info.num_classes, list(settings.block_channels),
                            settings.layers_per_block, settings.attention, settings.norm_groups)
         if settings.init_from:
-            self.public_start = init_from_public(model, settings.init_from, info.class_names, self.diffusion)
+            self.public_start = init_from_public(model, settings.init_from, info.class_names, self.diffusion,
+                                                 class_start=settings.class_start)
         return model.to(device)
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
