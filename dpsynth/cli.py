@@ -247,7 +247,7 @@ def _bench(args: argparse.Namespace) -> None:
     from .bench import BenchSpec, method_list, run_bench
 
     spec = BenchSpec(method_list(args.methods), args.datasets, args.epsilons, args.preset, args.set, args.data_dir,
-                     args.device)
+                     args.device, args.public_iterations)
     failed = run_bench(spec, args.out)
     print(f"results: {Path(args.out) / 'results.md'}")
     if failed:
@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench", help="bench directory; rerun with the same options to resume")
     bench.add_argument("--data-dir", help="directory (or .npz file) of the one dataset")
     bench.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    bench.add_argument("--public-iterations", type=int, default=2000,
+                       help="Adam steps of the public (glyph) model the bench pre-trains for a method that needs one "
+                            "and is given none (pdp-diffusion)")
     bench.add_argument("--set", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                        help="override a config key in every run, or in one method's runs (repeatable)")
     bench.set_defaults(handler=_bench)

@@ -142,3 +142,19 @@ def test_soft_label_epochs_are_compared_only_between_soft_label_releases(tmp_pat
 def test_unknown_method_is_named(tmp_path, capsys):
     assert bench(tmp_path, ["dpdm", "gan"]) == 2
     assert "--methods: unknown gan; known:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_method_that_needs_a_public_model_gets_one_the_bench_pretrains_once(tmp_path):
+    tiny = [arg for pair in TINY["dpdm"] for arg in ("--set", f"pdp-diffusion:{pair}")]
+    assert bench(tmp_path, ["pdp-diffusion"], *tiny, "--epsilons", "4", "8", "--public-iterations", "3") == 0
+    out = tmp_path / "bench"
+    public = out / "public" / "pdp-diffusion-digits"
+    record = json.loads((public / "pretraining.json").read_text())
+    assert record["dataset"] == "glyphs" and record["step"] == 3 and record["settings"]["block_channels"] == [8, 16]
+    cells = [out / "runs" / f"pdp-diffusion-digits-eps{e}" for e in (4, 8)]
+    assert [phases(cell) for cell in cells] == [["public", "synthesis", "evaluation"], ["synthesis", "evaluation"]]
+    rows = results(out)
+    assert [row["status"] for row in rows] == ["done", "done"]
+    assert [row["run_dir"] for row in rows] == ["runs/pdp-diffusion-digits-eps4", "runs/pdp-diffusion-digits-eps8"]
+    assert all(float(row["public_pretraining_min"]) >= 0 for row in rows)

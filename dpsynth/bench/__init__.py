@@ -5,6 +5,8 @@ Layout of the bench directory::
     runs/<method>-<dataset>-eps<epsilon>/   an ordinary run directory (resume, evaluate and inspect it as one)
         bench.jsonl                         one record per child process: phase, wall and CPU time, peak memory
         bench.out                           the child processes' output
+    public/<method>-<dataset>/              the public model a method that needs one starts from, when the bench
+                                            pre-trained it (``dpsynth pretrain`` on glyphs, shared by its cells)
     results.csv, results.md                 one row per cell, rewritten after every cell
     fid.png, accuracy.png                   per method and epsilon
     samples-<dataset>-eps<epsilon>.png      the methods' sample grids side by side
@@ -21,6 +23,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +35,7 @@ from typing import Any
 
 from ..api import KEYS_ADDED_LATER, dataset_from_config, plan_budget_for, resolve_config
 from ..config import BASE_CONFIG, Config, flat_keys, get_value
+from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS
@@ -45,6 +49,7 @@ ABSENT = "<absent>"
 LOCATION_KEYS = ("run.out_dir",)  # where the bench lives, however spelt (relative, absolute, moved): not a setting
 # compared only between methods whose release has soft labels
 SOFT_LABEL_KEYS = ("evaluation.soft_label_epochs", "evaluation.distillation_temperature")
+PUBLIC = "glyphs"  # the public set the bench pre-trains on for a method that needs a public model
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class BenchSpec:
     overrides: Sequence[str] = ()
     data_dir: str | None = None
     device: str | None = None
+    public_iterations: int = 2000  # of the public model the bench pre-trains for a method that needs one
 
     def cells(self) -> list[Cell]:
         return [Cell(m, d, e) for d in self.datasets for e in self.epsilons for m in self.methods]
@@ -83,7 +89,7 @@ def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
     the bench before any compute.
     """
     out = Path(out)
-    configs = _configs(spec, out / "runs")
+    configs = _configs(spec, out)
     _check_comparable(configs)
     preset = ", ".join(sorted({c["preset"] for c in configs.values()}))
     failed = []
@@ -91,7 +97,7 @@ def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
         for cell, config in configs.items():
             run = _open_cell(out / "runs" / cell.name, config)
             print(f"[bench] {cell.name}: {_status(run)}", flush=True)
-            if not _finish(run):
+            if not _public_model(run, spec, out) or not _finish(run):
                 failed.append(cell.name)
             write_results(out, list(configs), preset)
     except KeyboardInterrupt:
@@ -100,20 +106,23 @@ def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
     return failed
 
 
-def _configs(spec: BenchSpec, runs: Path) -> dict[Cell, Config]:
-    """Each cell's resolved config (evaluation in its own child, so not inside the run), budgets planned."""
+def _configs(spec: BenchSpec, out: Path) -> dict[Cell, Config]:
+    """Each cell's resolved config (evaluation in its own child, so not inside the run), budgets planned; a
+    method that needs a public model and is given none starts from the bench's (``public/``)."""
     _check_spec(spec)
     shared, scoped = _split_overrides(spec)
-    direct = [f"run.out_dir={runs}", "evaluation.enabled=false"] + ([f"run.device={spec.device}"]
-                                                                     if spec.device else [])
+    direct = [f"run.out_dir={out / 'runs'}", "evaluation.enabled=false"] + ([f"run.device={spec.device}"]
+                                                                             if spec.device else [])
     configs = {}
     for cell in spec.cells():
         try:
-            configs[cell] = resolve_config(cell.method, dataset=cell.dataset, epsilon=cell.epsilon,
-                                           preset=spec.preset, data_dir=spec.data_dir,
-                                           overrides=[*shared, *scoped.get(cell.method, []), *direct])
+            config = resolve_config(cell.method, dataset=cell.dataset, epsilon=cell.epsilon, preset=spec.preset,
+                                    data_dir=spec.data_dir, overrides=[*shared, *scoped.get(cell.method, []), *direct])
         except ConfigError as exc:
             raise ConfigError(f"{cell.name}: {exc}") from None
+        if METHODS[cell.method].needs_public_model and not config["model"]["init_from"]:
+            config["model"]["init_from"] = str(_public_dir(out) / f"{cell.method}-{cell.dataset}")
+        configs[cell] = config
     infos = {name: dataset_from_config(next(c for cell, c in configs.items() if cell.dataset == name)).info
              for name in spec.datasets}
     for cell, config in configs.items():
@@ -205,6 +214,35 @@ def _status(run: RunDirectory) -> str:
     if run.file(METRICS).exists():
         return "done"
     return "evaluating" if run.file(PRIVACY).exists() else "synthesising"
+
+
+def _public_dir(out: Path) -> Path:
+    """Where the bench keeps the public models it pre-trains (an absolute path: the cells' configs name it)."""
+    return (out / "public").resolve()
+
+
+def _public_model(run: RunDirectory, spec: BenchSpec, out: Path) -> bool:
+    """Pre-train the public model the cell starts from when it is the bench's and not yet finished (a child
+    process recorded in the cell's bench.jsonl as phase ``public``); False if that fails."""
+    config = run.config()
+    directory = Path(config["model"]["init_from"]) if config.get("model", {}).get("init_from") else None
+    if directory is None or directory.parent != _public_dir(out) or run.file(PRIVACY).exists() \
+            or finished_pretraining(directory):
+        return True
+    shutil.rmtree(directory, ignore_errors=True)  # an interrupted pre-training starts again: public data, no budget
+    info = dataset_from_config(config).info
+    shape = [f"{section}.{key}={json.dumps(value)}" for section in ("model", "diffusion")
+             for key, value in config[section].items() if key not in ("init_from", "class_start")]
+    settings = [f"dataset.resolution={info.height}", f"dataset.channels={info.channels}", *shape]
+    device = ["--device", spec.device] if spec.device else []
+    command = [sys.executable, "-m", "dpsynth", "pretrain", "--for", config["method"], "--preset", config["preset"],
+               "--dataset", PUBLIC, "--out", str(directory), "--iterations", str(spec.public_iterations),
+               *[arg for item in settings for arg in ("--set", item)], *device]
+    returncode = _child(run, "public", command)
+    if returncode != 0:
+        print(f"[bench] {run.path.name}: public pre-training failed (exit status {returncode}); "
+              f"see {run.path / OUTPUT}", flush=True)
+    return returncode == 0
 
 
 def _finish(run: RunDirectory) -> bool:

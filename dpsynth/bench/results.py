@@ -28,7 +28,7 @@ GIB = 2**30
 
 def write_results(out: Path, cells: list[Cell], preset: str) -> list[dict[str, Any]]:
     """Write results.csv, results.md and the plots for ``cells`` under ``out``; returns the rows."""
-    rows = [cell_row(out / "runs" / cell.name, cell) for cell in cells]
+    rows = [{**cell_row(out / "runs" / cell.name, cell), "run_dir": f"runs/{cell.name}"} for cell in cells]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n")
@@ -65,7 +65,6 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
     row["peak_rss_gib"] = round(max(a["max_rss_bytes"] for a in attempts) / GIB, 2) if attempts else None
     row["peak_cuda_gib"] = _cuda_peak(log)
     row["public_pretraining_min"] = _public_minutes(log)
-    row["run_dir"] = str(path)
     return row
 
 

@@ -97,6 +97,15 @@ def read_pretraining(directory: str | Path, setting: str) -> dict[str, Any]:
         raise ConfigError(f"{setting}: {path} is unreadable ({exc})") from None
 
 
+def finished_pretraining(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a model whose pre-training ran to its last iteration."""
+    try:
+        record = json.loads((Path(directory) / TRAINING_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(record.get("step")) and record.get("step") == record.get("settings", {}).get("iterations")
+
+
 def public_fingerprints(directory: str | Path) -> np.ndarray | None:
     """The fingerprints of a public model's training images (None when it has none), their count checked against
     its ``pretraining.json`` when it has one (:func:`~dpsynth.data.fingerprints.load_fingerprints`)."""

@@ -221,7 +221,8 @@ class Method(ABC):
 
     Subclasses set ``name``, ``description``, ``sections`` (their config sections with defaults) and
     ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when ``generate`` returns soft
-    labels, and register with :func:`register`.
+    labels, ``needs_public_model`` when it cannot run without ``model.init_from`` (the bench then pre-trains one),
+    and register with :func:`register`.
     """
 
     name: ClassVar[str]
@@ -230,6 +231,7 @@ class Method(ABC):
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "cpu"
     releases_soft_labels: ClassVar[bool] = False
+    needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -13,6 +13,8 @@ from .dpdm import DPDM
 class PDPDiffusion(DPDM):
     """DPDM started from a public model: ``model.init_from`` is required."""
 
+    needs_public_model = True
+
     name = "pdp-diffusion"
     description = "DP-SGD fine-tuning of a diffusion model pre-trained on public data"
     sections = DPDM.sections
