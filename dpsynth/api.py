@@ -1,6 +1,7 @@
 """The Python API: resolve a method's config, load its dataset, plan its privacy budget."""
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -59,7 +60,11 @@ def validate_config(config: Config) -> None:
     privacy = config["privacy"]
     if isinstance(privacy["epsilon"], bool) or not isinstance(privacy["epsilon"], (int, float)):
         raise ConfigError(f"privacy.epsilon must be a number, got {privacy['epsilon']!r}")
-    check_epsilon(privacy["epsilon"])
+    if privacy["epsilon"] == math.inf and not config["run"]["allow_non_private"]:
+        raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
+                          "guarantee; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
+    if privacy["epsilon"] != math.inf:
+        check_epsilon(privacy["epsilon"])
     if privacy["delta"] is not None:
         check_delta(privacy["delta"])
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)

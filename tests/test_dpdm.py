@@ -28,7 +28,7 @@ from dpsynth.diffusion.settings import PREDICTIONS, SAMPLER_NAMES
 from dpsynth.errors import ConfigError
 from dpsynth.methods import get_method
 from dpsynth.models import build_unet
-from dpsynth.privacy import PrivacyLedger
+from dpsynth.privacy import NonPrivateAccess, PrivacyLedger
 
 TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
         "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
@@ -77,6 +77,21 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_infinite_epsilon_trains_without_noise_only_when_allowed_and_claims_no_epsilon(tmp_path):
+    args = ["dpdm", *TINY, "--epsilon", "inf", "--set", "dpsgd.epochs=0.2", "--set", f"run.out_dir={tmp_path}"]
+    refused = dpsynth_main("run", *args)
+    assert refused.code == 2 and "privacy.epsilon inf trains without noise" in refused.err
+    assert "--allow-non-private" in refused.err and not list(tmp_path.glob("*"))
+    done = dpsynth_main("run", "--allow-non-private", *args)
+    assert done.code == 0, done.err
+    run = run_directory(done.out)
+    assert PrivacyLedger.load(run / "ledger.json").events() == [NonPrivateAccess(int(0.2 / (64 / 1437)))]
+    report = json.loads((run / "release" / "privacy.json").read_text())
+    assert report["dp_guarantee"] is False and report["epsilon"] is None and run.name.startswith("dpdm-digits-nodp")
+    pe = dpsynth_main("privacy", "pe", "--epsilon", "inf", "--allow-non-private")
+    assert pe.code == 2 and "stage 'histograms' cannot run without noise" in pe.err
+
+
 def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
     clean_dir = finished_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'clean'}")
     crash = dpsynth_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'crash'}")

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import privacy_report
+from conftest import privacy_report, secret_stream
 
 from dpsynth.api import check_stored_config, resolve_config
 from dpsynth.bench import Cell
@@ -20,6 +20,8 @@ from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows
 from dpsynth.errors import ConfigError, DataError
+from dpsynth.methods import get_method
+from dpsynth.methods.privimage import semantic_histogram
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
@@ -163,7 +165,24 @@ def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     (selection,) = [e for e in log if e["event"] == "public selection"]
     assert len(selection["classes"]) == 6 and set(selection["classes"]) <= set(GLYPH_CLASSES)
+    # model.class_start matched: six of the ten digits get a chosen glyph class each, the other four none
+    assert sorted(selection["matched"].values()) == sorted(selection["classes"])
+    assert set(selection["matched"]) < set(map(str, range(10)))
     assert [e["phase"] for e in log if e["event"] == "warm-up"] == ["pretrain-public"]
+
+
+def test_the_semantic_histogram_counts_each_private_class_in_its_own_row_at_the_cost_of_one():
+    ledger, top, labels = PrivacyLedger(), torch.tensor([[0, 1], [1, 2], [2, 3]]), torch.tensor([0, 0, 1])
+    noisy = semantic_histogram(top, labels, 2, 4, 1e-6, ledger, "histogram", secret_stream(1))
+    assert noisy.tolist() == [[1, 2, 1, 0], [0, 0, 1, 1]]
+    assert ledger.events() == [GaussianMechanism(1e-6)]  # noise std 1e-6 x sqrt(2): one record's k = 2 counts
+
+
+def test_privimage_refuses_a_class_start_it_does_not_implement():
+    for method, wrong, allowed in [("privimage", "spread", "matched, shared"), ("dpdm", "matched", "shared, spread")]:
+        config = resolve_config(method, overrides=[f"model.class_start={wrong}"])
+        with pytest.raises(ConfigError, match=f"class_start must be one of {allowed} for {method}, got '{wrong}'"):
+            get_method(method)(config)
 
 
 def test_a_run_configured_before_init_from_and_num_images_existed_still_resumes():

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 
 PREDICTIONS = ("epsilon", "v")
 SAMPLER_NAMES = ("dpm-solver++", "ddim", "unipc")
-CLASS_STARTS = ("shared", "spread")
+CLASS_STARTS = ("shared", "spread", "matched")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """DPDM (Dockhorn et al. 2023): a diffusion model trained with DP-SGD; DP-FETA without its warm-up."""
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from ..diffusion.ddpm import drop_labels
 from ..diffusion.inference import sampling_inputs, sampling_model
 from ..diffusion.pretrain import init_from_public, public_fingerprints, read_pretraining
 from ..diffusion.settings import DiffusionSettings, UNetSettings
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
@@ -33,9 +33,11 @@ class DPDM(Method):
 
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
+    class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
     sections = {
         # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
-        # class_start: where the private class rows start when its classes differ (shared null row, or spread).
+        # class_start: where the private class rows start when the public classes differ: shared (the null row),
+        # spread (public class rows far apart) or, for PrivImage, matched (by its semantic histogram).
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
                   "init_from": None, "class_start": "shared"},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
@@ -72,6 +74,9 @@ class DPDM(Method):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.unet_settings = section_settings(UNetSettings, config, "model")
+        if self.unet_settings.class_start not in self.class_starts:
+            raise ConfigError(f"model.class_start must be one of {', '.join(self.class_starts)} for {self.name}, got "
+                              f"{self.unet_settings.class_start!r}")
         self.diffusion_settings = section_settings(DiffusionSettings, config, "diffusion")
         self.dpsgd_settings = self._dpsgd_section(config)
         settings = self.diffusion_settings
@@ -87,7 +92,7 @@ class DPDM(Method):
         return DpsgdSection.of(config, "dpsgd")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage(DPSGD_STAGE, calibrated=self.dpsgd_settings.schedule(info.num_train).event)]
+        return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """The fingerprints of the public model's training images (``model.init_from``), which must come with it."""

@@ -2,22 +2,29 @@
 histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusion.
 
 1. A classifier is trained on the public set's labels (public data only: no privacy cost).
-2. Its top ``selection.top_k`` classes for each private training image are counted per public class. Adding or
-   removing one image changes k counts by 1, so the histogram has L2 sensitivity sqrt(k) and gets Gaussian noise
+2. Its top ``selection.top_k`` public classes for each private training image are counted, per private class and
+   public class. Adding or removing one image changes k counts of its own class's row by 1, so the histogram has
+   L2 sensitivity sqrt(k) (per-class rows cost no more than one row: each image is in one) and gets Gaussian noise
    of std ``selection.noise_multiplier`` x sqrt(k), recorded as stage ``semantic-histogram``. (DPImageBench
    accounts its noise, sigma = 50 with k = 5 words, as if the sensitivity were 1; we do not.)
-3. The public classes with the largest noisy counts, a ``selection.ratio`` share of them, are kept, and the
-   diffusion model is pre-trained on their images (post-processing: no privacy cost), unconditionally (every
-   image labelled with the null class); every class row of the label embedding then starts at the null row.
+3. The public classes with the largest noisy counts summed over the private classes, a ``selection.ratio`` share
+   of them, are kept, and the diffusion model is pre-trained on their images (post-processing: no privacy cost).
+   ``model.class_start`` says how: ``matched`` (default), each private class gets the kept public class its images
+   voted for most (one each, the assignment of the largest total count), whose images are pre-trained with that
+   class's label, the other kept images with the null label, so the classes are told apart from the first DP-SGD
+   step; ``shared`` (DPImageBench), every image with the null label (unconditional), every class row then
+   starting at the null row.
 4. DPDM's DP-SGD, its noise calibrated so the whole run meets the target.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from ..config import Config, positive, preset_with, section_settings
 from ..data import DatasetInfo, ImageSet, load_public
@@ -60,8 +67,10 @@ class PrivImage(DPDM):
 
     name = "privimage"
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
+    class_starts: ClassVar[tuple[str, ...]] = ("matched", "shared")
     sections = {
         **DPDM.sections,
+        "model": {**DPDM.sections["model"], "class_start": "matched"},
         "selection": {"public": "glyphs", "public_data_dir": None, "public_num_images": None, "ratio": 0.2,
                       "top_k": 5, "noise_multiplier": 50.0, "classifier": "cnn", "classifier_epochs": 5,
                       "classifier_batch_size": 128, "classifier_lr": 3e-3},
@@ -84,9 +93,8 @@ class PrivImage(DPDM):
         self.pretrain_settings = section_settings(WarmupSettings, config, "public_pretrain")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        schedule = self.dpsgd_settings.schedule(info.num_train)
         return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier)),
-                PlannedStage(DPSGD_STAGE, calibrated=schedule.event)]
+                self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         public = self._public(info)[0]
@@ -98,29 +106,46 @@ class PrivImage(DPDM):
         return load_public(settings.public, settings.public_data_dir, info, settings.public_num_images)
 
     def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
-        """Select the public classes (or restore the selection), pre-train on them, start every class at null."""
-        public = self._selected_public(context)
+        """Select the public classes (or restore the selection) and pre-train on them; the private class rows no
+        public class was matched to start at the null row."""
+        public, matched = self._selected_public(context)
         settings = self.pretrain_settings
         loss = diffusion_loss(self.diffusion.batch_loss, self._batch_maker(context, public), len(public), settings,
                               context.generator)
         Warmup([PHASE]).train(context, model, PHASE, settings, loss)
         embedding = model.get_submodule("class_embedding")
         assert isinstance(embedding, torch.nn.Embedding)
+        unmatched = [c for c in range(context.dataset.info.num_classes) if c not in matched]
         with torch.no_grad():
-            embedding.weight.copy_(embedding.weight[-1].expand_as(embedding.weight).clone())
+            embedding.weight[unmatched] = embedding.weight[-1].clone()
 
-    def _selected_public(self, context: RunContext) -> ImageSet:
-        """The public images of the selected classes, labelled with the null class (unconditional pre-training)."""
+    def _selected_public(self, context: RunContext) -> tuple[ImageSet, dict[int, int]]:
+        """The public images of the selected classes, labelled with the private class each was matched to or the
+        null class, and the matching (private class -> public class)."""
         info = context.dataset.info
         public, names = self._public(info)
         chosen, noisy = context.released(SELECTION_STAGE, lambda: self._select(context, public, len(names)))
+        matched = self._match(noisy, chosen)
         context.log("public selection", classes=[names[c] for c in chosen.tolist()],
-                    noisy_counts=[int(noisy[c]) for c in chosen.tolist()])
+                    noisy_counts=[int(noisy[:, c].sum()) for c in chosen.tolist()],
+                    matched={info.class_names[p]: names[c] for p, c in matched.items()})
+        labels = torch.full((len(names),), info.num_classes)
+        for private, public_class in matched.items():
+            labels[public_class] = private
         keep = torch.isin(public.labels, chosen)
-        return ImageSet(public.images[keep], torch.full((int(keep.sum()),), info.num_classes))
+        return ImageSet(public.images[keep], labels[public.labels[keep]]), matched
+
+    def _match(self, noisy: torch.Tensor, chosen: torch.Tensor) -> dict[int, int]:
+        """Private class -> the chosen public class its images voted for, one each, of the largest total noisy
+        count (``model.class_start: matched``); none for ``shared``."""
+        if self.unet_settings.class_start == "shared":
+            return {}
+        rows, columns = linear_sum_assignment(noisy[:, chosen].numpy(), maximize=True)
+        return {int(r): int(chosen[c]) for r, c in zip(rows, columns, strict=True)}
 
     def _select(self, context: RunContext, public: ImageSet, num_public: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chosen public classes and the noisy histogram (recorded before it is released)."""
+        """The chosen public classes and the noisy histogram, private class x public class (recorded before it is
+        released)."""
         top_k, device = self.selection_settings.top_k, context.device
         if top_k > num_public:
             raise ConfigError(f"selection.top_k must be a whole number in [1, {num_public}] (the public classes), "
@@ -131,10 +156,10 @@ class PrivImage(DPDM):
             top = torch.cat([classifier(to_device(train.images[start:start + 1000], device) * 2 - 1)
                              .topk(top_k, dim=1).indices.cpu() for start in range(0, len(train), 1000)])
         event = context.planned_event(SELECTION_STAGE, GaussianMechanism)
-        noisy = semantic_histogram(top, num_public, event.noise_multiplier, context.ledger, SELECTION_STAGE,
-                                   context.noise)
+        noisy = semantic_histogram(top, train.labels, context.dataset.info.num_classes, num_public,
+                                   event.noise_multiplier, context.ledger, SELECTION_STAGE, context.noise)
         keep = max(1, round(self.selection_settings.ratio * num_public))
-        return noisy.topk(min(keep, num_public)).indices.sort().values, noisy
+        return noisy.sum(0).topk(min(keep, num_public)).indices.sort().values, noisy
 
     def _public_classifier(self, context: RunContext, public: ImageSet, num_public: int) -> torch.nn.Module:
         """The classifier of the public labels (public data only), its public accuracy logged."""
@@ -148,9 +173,12 @@ class PrivImage(DPDM):
         return classifier.eval()
 
 
-def semantic_histogram(top_classes: torch.Tensor, num_classes: int, noise_multiplier: float, ledger: PrivacyLedger,
-                       stage: str, noise: SecretStream) -> torch.Tensor:
-    """Per class, how many records (rows of ``top_classes``: k distinct classes each) name it, plus Gaussian noise
-    of std noise_multiplier x sqrt(k), the histogram's L2 sensitivity; recorded before it runs."""
-    counts = torch.bincount(top_classes.flatten(), minlength=num_classes).double()
-    return release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)
+def semantic_histogram(top_classes: torch.Tensor, labels: torch.Tensor, num_labels: int, num_classes: int,
+                       noise_multiplier: float, ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
+    """Per private label and class, how many records (rows of ``top_classes``: k distinct classes each, with their
+    ``labels``) of that label name that class, plus Gaussian noise of std noise_multiplier x sqrt(k), the
+    histogram's L2 sensitivity (a record changes k counts of its own label's row); recorded before it runs."""
+    cells = labels.to(top_classes.dtype)[:, None] * num_classes + top_classes
+    counts = torch.bincount(cells.flatten(), minlength=num_labels * num_classes).double()
+    released = release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)
+    return released.reshape(num_labels, num_classes)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import Config, at_least, positive, section_settings
 from ..errors import ConfigError, PrivacyError
-from ..privacy import DpsgdSchedule
+from ..privacy import DpsgdSchedule, PlannedStage
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
 from ..privacy.per_example import BatchLoss
 from ..utils.device import memory_limited_by
@@ -54,6 +54,10 @@ class DpsgdSection:
 
     def schedule(self, num_train: int) -> DpsgdSchedule:
         return dpsgd_schedule(self.section, self.batch_size, self.epochs, num_train)
+
+    def stage(self, name: str, num_train: int) -> PlannedStage:
+        """Stage ``name``: this section's DP-SGD, its noise calibrated (none at an infinite target epsilon)."""
+        return PlannedStage(name, calibrated=self.schedule(num_train).event, noise_free=True)
 
     def key(self, name: str) -> str:
         """The dotted config key of field ``name``, for messages."""

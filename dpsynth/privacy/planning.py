@@ -1,6 +1,7 @@
 """Budget planning: fixed-noise stages, then one stage whose noise is calibrated to meet the target."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -11,11 +12,13 @@ from .events import Event, NonPrivateAccess, SimpleEvent, SubsampledGaussianMech
 
 @dataclass(frozen=True)
 class PlannedStage:
-    """A stage of a method: either a fixed ``event`` or a ``calibrated`` family event(sigma)."""
+    """A stage of a method: either a fixed ``event`` or a ``calibrated`` family event(sigma); ``noise_free``: the
+    calibrated stage can also run without noise (an infinite target epsilon)."""
 
     name: str
     event: Event | None = None
     calibrated: Callable[[float], SimpleEvent] | None = None
+    noise_free: bool = False
 
     def __post_init__(self) -> None:
         if (self.event is None) == (self.calibrated is None):
@@ -29,8 +32,10 @@ def plan_budget(
 
     Stages that use the data without noise (:class:`NonPrivateAccess`, an explicit opt-in) are left out
     of the calibration: the private stages then meet the target on their own, and the run's reports
-    state that no epsilon covers the whole run.
+    state that no epsilon covers the whole run. An infinite target runs the calibrated stages without noise.
     """
+    if math.isinf(target_epsilon):
+        return {stage.name: [stage.event or without_noise(stage)] for stage in stages}
     fixed = {stage.name: stage.event for stage in stages if stage.event is not None}
     private = [event for event in fixed.values() if not isinstance(event, NonPrivateAccess)]
     families = {stage.name: stage.calibrated for stage in stages if stage.calibrated is not None}
@@ -43,6 +48,16 @@ def plan_budget(
                                  delta)
     resolved: dict[str, Event] = {**fixed, **{name: family(sigma) for name, family in families.items()}}
     return {stage.name: [resolved[stage.name]] for stage in stages}
+
+
+def without_noise(stage: PlannedStage) -> NonPrivateAccess:
+    """A calibrated stage's uses of the data, without noise; PrivacyError if the stage cannot run so."""
+    assert stage.calibrated is not None
+    if not stage.noise_free:
+        raise PrivacyError(f"stage {stage.name!r} cannot run without noise, so an infinite epsilon does not apply "
+                           "to this method; give a finite privacy.epsilon")
+    event = stage.calibrated(1.0)
+    return NonPrivateAccess(event.steps if isinstance(event, SubsampledGaussianMechanism) else 1)
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,9 @@ class DPFETA(DPDM):
         return []
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        schedule = self.dpsgd_settings.schedule(info.num_train)
         central = [PlannedStage(CENTRAL_STAGE, self._query(info).event(info.num_classes))]
         return ((central if self._uses_central() else []) + self._feature_stages(info)
-                + [PlannedStage(DPSGD_STAGE, calibrated=schedule.event)])
+                + [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)])
 
     def warmup_phases(self) -> list[str]:
         """Names of the non-private training phases, in order (each a checkpointed ``phase``)."""

@@ -131,13 +131,12 @@ class DPSAD(DPDM):
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Teacher and student DP-SGD share one calibrated sigma; a non-private teacher is recorded as such."""
-        teacher, student = (settings.schedule(info.num_train) for settings in (self.teacher_settings,
-                                                                               self.student_settings))
-        if self.teacher_settings.training == "non-private":
-            first = PlannedStage(TEACHER_STAGE, event=NonPrivateAccess(teacher.steps))
+        teacher = self.teacher_settings
+        if teacher.training == "non-private":
+            first = PlannedStage(TEACHER_STAGE, event=NonPrivateAccess(teacher.schedule(info.num_train).steps))
         else:
-            first = PlannedStage(TEACHER_STAGE, calibrated=teacher.event)
-        return [first, PlannedStage(STUDENT_STAGE, calibrated=student.event)]
+            first = teacher.stage(TEACHER_STAGE, info.num_train)
+        return [first, self.student_settings.stage(STUDENT_STAGE, info.num_train)]
 
     def fit(self, context: RunContext) -> None:
         """The teacher's DP-SGD and its sample pool (released in turn, or restored), then the student's."""
