@@ -24,7 +24,7 @@ class UNetSettings:
     attention: bool = True
     norm_groups: int = positive()
     init_from: str | None = None
-    class_start: str = one_of(*CLASS_STARTS, default="shared")
+    class_start: str = one_of(*CLASS_STARTS, default="shared")  # runs configured before it existed
 
 
 @dataclass(frozen=True, kw_only=True)

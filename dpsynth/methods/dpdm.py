@@ -39,7 +39,7 @@ class DPDM(Method):
         # class_start: where the private class rows start when the public classes differ: shared (the null row),
         # spread (public class rows far apart) or, for PrivImage, matched (by its semantic histogram).
         "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
-                  "init_from": None, "class_start": "shared"},
+                  "init_from": None, "class_start": "spread"},
         "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
                       "label_dropout": 0.1,
                       "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
