@@ -50,6 +50,7 @@ BASE_CONFIG: Config = {
         "classifier_lr": 3e-3,
         "classifier_schedule": "cosine",
         "classifier_ema": 0.0,
+        "classifier_augment": False,
         "selection_epsilon": 1.0,
         "nearest_neighbours": 10,
         "cache_dir": None,

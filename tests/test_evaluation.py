@@ -10,6 +10,7 @@ from conftest import secret_stream
 from scipy import linalg
 
 from dpsynth.cli import main
+from dpsynth.config import BASE_CONFIG
 from dpsynth.data import ImageSet, load_dataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, kid, precision_recall
@@ -121,8 +122,6 @@ def test_report_noisy_max_with_tiny_epsilon_ignores_the_counts(tmp_path):
 
 
 def test_settings_reject_unknown_classifiers_and_bad_counts():
-    from dpsynth.config import BASE_CONFIG
-
     section = dict(BASE_CONFIG["evaluation"])
     with pytest.raises(ConfigError, match="unknown classifier 'vgg'"):
         EvaluationSettings.from_config({**section, "classifiers": ["vgg"]})
@@ -131,8 +130,6 @@ def test_settings_reject_unknown_classifiers_and_bad_counts():
 
 
 def test_soft_label_epochs_set_the_schedule_of_students_of_a_soft_label_release_only():
-    from dpsynth.config import BASE_CONFIG
-
     settings = EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 30})
     assert settings.training(True).epochs == 30 and settings.training(False).epochs == 10
     assert EvaluationSettings.from_config(BASE_CONFIG["evaluation"]).training(True).epochs == 10
@@ -141,7 +138,6 @@ def test_soft_label_epochs_set_the_schedule_of_students_of_a_soft_label_release_
 
 
 def test_a_soft_label_release_is_re_tempered_to_the_distillation_temperature():
-    from dpsynth.config import BASE_CONFIG
     from dpsynth.evaluation.release import Release
 
     logits = torch.randn(5, 10, dtype=torch.float64) * 8
@@ -154,7 +150,6 @@ def test_a_soft_label_release_is_re_tempered_to_the_distillation_temperature():
 
 
 def test_the_dpimagebench_protocol_fixes_its_settings_and_refuses_a_release_under_60k(tmp_path, digits, capsys):
-    from dpsynth.config import BASE_CONFIG
 
     section = {**BASE_CONFIG["evaluation"], "protocol": "dpimagebench", "classifiers": ["cnn"], "num_synthetic": 10}
     settings = EvaluationSettings.from_config(section)
@@ -181,6 +176,22 @@ def test_a_classifier_ema_changes_what_is_scored_not_how_the_weights_train(digit
         final.append(model[0].weight.detach().clone())
     assert torch.equal(final[0], final[1])  # the trained weights are restored after each scoring
     assert not torch.allclose(scored[1], scored[3]) and torch.equal(scored[1], final[0])
+
+
+def test_classifier_augment_trains_on_shifted_images_and_must_be_a_bool(digits):
+    images, labels = torch.from_numpy(digits[:64]).float() / 255, torch.arange(64) % 10
+    final = []
+    for augment in (False, True):
+        torch.manual_seed(0)
+        model = build_classifier("cnn", 1, 10)
+        train_epochs(model, images, labels, TrainingSettings(1, 16, 1e-2, augment=augment), torch.device("cpu"),
+                     torch.Generator().manual_seed(0), lambda m: None, "cnn")
+        final.append(model[0].weight.detach().clone())
+    assert not torch.equal(final[0], final[1])
+    assert EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "classifier_augment": True}).training(
+        False).augment
+    with pytest.raises(ConfigError, match="evaluation.classifier_augment must be true or false, got 'yes'"):
+        EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "classifier_augment": "yes"})
 
 
 @pytest.mark.slow

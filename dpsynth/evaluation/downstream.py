@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from kornia.augmentation import RandomCrop
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -24,18 +25,21 @@ from ..privacy.mechanisms import report_noisy_max
 from ..privacy.randomness import SecretStream
 
 SCHEDULES = ("cosine", "step")
+SHIFT = 2  # pixels an augmented training image may move each way
 
 
 @dataclass(frozen=True)
 class TrainingSettings:
     """Epochs, batch size, Adam learning rate and its schedule (``cosine`` decay to 0 per step, or ``step``: x0.2
-    every 20 epochs, DPImageBench's) of a downstream classifier; ``ema`` > 0 scores an EMA of the weights."""
+    every 20 epochs, DPImageBench's) of a downstream classifier; ``ema`` > 0 scores an EMA of the weights;
+    ``augment`` shifts each training image by up to :data:`SHIFT` pixels (a random crop of the zero-padded image)."""
 
     epochs: int
     batch_size: int
     lr: float
     schedule: str = "cosine"
     ema: float = 0.0
+    augment: bool = False
 
 
 def _normalise(images: torch.Tensor) -> torch.Tensor:
@@ -68,10 +72,11 @@ def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, 
     scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, settings.epochs * steps_per_epoch) if per_step
                  else torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.2))
     ema = EMA(model, settings.ema) if settings.ema else None
+    shift = RandomCrop(tuple(images.shape[-2:]), padding=SHIFT) if settings.augment else nn.Identity()
     for _ in tqdm(range(settings.epochs), desc=desc, dynamic_ncols=True):
         model.train()
         for batch in torch.randperm(len(images), generator=generator).split(settings.batch_size):
-            logits = model(_normalise(images[batch].to(device)))
+            logits = model(_normalise(shift(images[batch].to(device))))
             loss = distillation_loss(logits, targets[batch].to(device), temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -72,6 +72,7 @@ class EvaluationSettings:
     classifier_lr: float
     classifier_schedule: str
     classifier_ema: float
+    classifier_augment: bool
     selection_epsilon: float
     nearest_neighbours: int
     cache_dir: str | None
@@ -111,6 +112,8 @@ class EvaluationSettings:
         if self.classifier_schedule not in SCHEDULES:
             raise ConfigError(f"evaluation.classifier_schedule must be one of {', '.join(SCHEDULES)}, "
                               f"got {self.classifier_schedule!r}")
+        if not isinstance(self.classifier_augment, bool):
+            raise ConfigError(f"evaluation.classifier_augment must be true or false, got {self.classifier_augment!r}")
         if not 0 <= self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
 
@@ -120,7 +123,7 @@ class EvaluationSettings:
         distilled = soft_labels and self.soft_label_epochs is not None
         epochs = self.soft_label_epochs if distilled else self.classifier_epochs
         return TrainingSettings(epochs, self.classifier_batch_size, self.classifier_lr, self.classifier_schedule,
-                                self.classifier_ema)
+                                self.classifier_ema, self.classifier_augment)
         resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")
 
 
