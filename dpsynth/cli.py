@@ -247,7 +247,7 @@ def _bench(args: argparse.Namespace) -> None:
     from .bench import BenchSpec, method_list, run_bench
 
     spec = BenchSpec(method_list(args.methods), args.datasets, args.epsilons, args.preset, args.set, args.data_dir,
-                     args.device, args.public_iterations)
+                     args.device, args.public_iterations, args.syntheses)
     failed = run_bench(spec, args.out)
     print(f"results: {Path(args.out) / 'results.md'}")
     if failed:
@@ -387,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--public-iterations", type=int, default=2000,
                        help="Adam steps of the public (glyph) model the bench pre-trains for a method that needs one "
                             "and is given none (pdp-diffusion)")
+    bench.add_argument("--syntheses", type=int, default=1,
+                       help="independent syntheses of each cell (runs/<cell>-s2, ...), their spread tabulated")
     bench.add_argument("--set", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                        help="override a config key in every run, or in one method's runs (repeatable)")
     bench.set_defaults(handler=_bench)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dpsynth.bench import BenchSpec
+from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
 
 COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
@@ -84,6 +86,23 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
         assert bench(tmp_path, ["dpdm", "pe"]) == 2
     assert "pe-digits-eps8: another process is running this cell" in capsys.readouterr().err
     assert phases(pe) == ["synthesis", "evaluation", "evaluation"]
+
+
+def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(tmp_path, capsys):
+    spec = BenchSpec(["dpdm", "pe"], ["digits"], [8.0], syntheses=2)
+    assert [cell.name for cell in spec.cells()] == ["dpdm-digits-eps8", "pe-digits-eps8", "dpdm-digits-eps8-s2",
+                                                    "pe-digits-eps8-s2"]
+    measured = {"epsilon": 7.99, "fid": 110.0, "kid": 0.1, "precision": 0.1, "recall": 0.1, "accuracy_cnn_std": 0.01,
+                "synthesis_wall_min": 1.0, "synthesis_cpu_min": 2.0, "public_pretraining_min": None,
+                "evaluation_wall_min": 1.0, "evaluation_cpu_min": 2.0, "peak_rss_gib": 1.0, "peak_cuda_gib": None,
+                "privacy_split": "dp-sgd 7.99", "status": "done"}
+    rows = [{"dataset": "digits", "method": "dpdm", "target_epsilon": 8.0, "synthesis": k, **measured,
+             "accuracy_cnn": accuracy, "fid_infinity": fid} for k, accuracy, fid in [(1, 0.72, 98.0), (2, 0.74, 102.0)]]
+    table = results_markdown(rows, "cpu")
+    assert "| dpdm | 8 | 2 | 7.990 |" in table  # the synthesis column
+    assert "| dpdm | 8 | 2 | 73.0 ± 1.4 % | 100.0 ± 2.8 |" in table  # across syntheses
+    assert bench(tmp_path, ["pe"], "--syntheses", "0") == 2
+    assert "--syntheses must be a whole number above 0, got 0" in capsys.readouterr().err
 
 
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):

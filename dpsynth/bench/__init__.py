@@ -2,7 +2,8 @@
 
 Layout of the bench directory::
 
-    runs/<method>-<dataset>-eps<epsilon>/   an ordinary run directory (resume, evaluate and inspect it as one)
+    runs/<method>-<dataset>-eps<epsilon>/   an ordinary run directory (resume, evaluate and inspect it as one);
+                                            ``-s<k>`` after it for the k-th synthesis of the cell (``--syntheses``)
         bench.jsonl                         one record per child process: phase, wall and CPU time, peak memory
         bench.out                           the child processes' output
     public/<method>-<dataset>/              the public model a method that needs one starts from, when the bench
@@ -54,15 +55,17 @@ PUBLIC = "glyphs"  # the public set the bench pre-trains on for a method that ne
 
 @dataclass(frozen=True)
 class Cell:
-    """One method on one dataset at one target epsilon."""
+    """One method on one dataset at one target epsilon; ``synthesis`` counts independent repeats of it."""
 
     method: str
     dataset: str
     epsilon: float
+    synthesis: int = 1
 
     @property
     def name(self) -> str:
-        return f"{self.method}-{self.dataset}-eps{self.epsilon:g}"
+        repeat = f"-s{self.synthesis}" if self.synthesis > 1 else ""
+        return f"{self.method}-{self.dataset}-eps{self.epsilon:g}{repeat}"
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,12 @@ class BenchSpec:
     data_dir: str | None = None
     device: str | None = None
     public_iterations: int = 2000  # of the public model the bench pre-trains for a method that needs one
+    syntheses: int = 1  # independent syntheses of each cell (the spread between them is the measure's own)
 
     def cells(self) -> list[Cell]:
-        return [Cell(m, d, e) for d in self.datasets for e in self.epsilons for m in self.methods]
+        """Every cell's first synthesis, then every cell's second, and so on."""
+        return [Cell(m, d, e, s) for s in range(1, self.syntheses + 1) for d in self.datasets for e in self.epsilons
+                for m in self.methods]
 
 
 def run_bench(spec: BenchSpec, out: str | Path) -> list[str]:
@@ -140,6 +146,8 @@ def _check_spec(spec: BenchSpec) -> None:
     unknown = [m for m in spec.methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(sorted(METHODS))}")
+    if spec.syntheses < 1:
+        raise ConfigError(f"--syntheses must be a whole number above 0, got {spec.syntheses}")
     if spec.data_dir and len(spec.datasets) > 1:
         raise ConfigError("--data-dir names one dataset's files; give one dataset with it")
 

@@ -45,7 +45,7 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
     privacy, metrics = _json(path / PRIVACY), _json(path / METRICS)
     attempts, log = _jsonl(path / ATTEMPTS), _jsonl(path / LOG)
     row: dict[str, Any] = {"dataset": cell.dataset, "method": cell.method, "target_epsilon": cell.epsilon,
-                           "status": _status(privacy, metrics, attempts)}
+                           "synthesis": cell.synthesis, "status": _status(privacy, metrics, attempts)}
     row["epsilon"] = privacy.get("epsilon") if privacy else None
     row["delta"] = privacy.get("delta") if privacy else None
     row["privacy_split"] = "; ".join(
@@ -120,7 +120,9 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
              "follows its private class selection, so it is in its synthesis time)",
              "- epsilon: spent by the synthesis, from its ledger (privacy split: each stage's share); model "
              "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
-    header = (["method", "target ε", "ε spent", "FID (FID∞)", "KID", "precision", "recall"]
+    repeated = any(row["synthesis"] > 1 for row in rows)
+    header = (["method", "target ε", *(["synthesis"] if repeated else []), "ε spent", "FID (FID∞)", "KID", "precision",
+               "recall"]
               + [f"acc. {name}" for name in classifiers]
               + ["synthesis min (CPU)", "public pre-training min", "evaluation min (CPU)", "peak memory GiB",
                  "privacy split", "status"])
@@ -130,7 +132,8 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
             fid = f"{_cell(row['fid'], 1)} ({_cell(row['fid_infinity'], 1)})" if row["fid"] is not None else "–"
             memory = _cell(row["peak_rss_gib"], 2) + (f" (CUDA {row['peak_cuda_gib']:.2f})"
                                                       if row["peak_cuda_gib"] is not None else "")
-            cells = ([row["method"], f"{row['target_epsilon']:g}", _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
+            cells = ([row["method"], f"{row['target_epsilon']:g}", *([str(row["synthesis"])] if repeated else []),
+                      _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
                       _cell(row["precision"]), _cell(row["recall"])]
                      + [_accuracy(row, name) for name in classifiers]
                      + [_minutes(row, "synthesis"), _cell(row["public_pretraining_min"], 1),
@@ -138,7 +141,30 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
                         row["privacy_split"] or "–", row["status"]])
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        if repeated:
+            lines += _across_syntheses([r for r in rows if r["dataset"] == dataset], classifiers)
     return "\n".join(lines)
+
+
+def _across_syntheses(rows: list[dict[str, Any]], classifiers: list[str]) -> list[str]:
+    """Per method and target epsilon: the mean ± standard deviation over its finished syntheses of each
+    classifier's accuracy (its mean over classifier seeds) and of FID∞."""
+    header = ["method", "target ε", "syntheses", *[f"acc. {name}" for name in classifiers], "FID∞"]
+    lines = ["Across syntheses (mean ± standard deviation over the finished ones):", "",
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for method, epsilon in dict.fromkeys((r["method"], r["target_epsilon"]) for r in rows):
+        done = [r for r in rows if (r["method"], r["target_epsilon"]) == (method, epsilon) and r["status"] == "done"]
+        accuracy = [_spread([r[f"accuracy_{name}"] for r in done], 100, " %") for name in classifiers]
+        lines.append("| " + " | ".join([method, f"{epsilon:g}", str(len(done)), *accuracy,
+                                         _spread([r["fid_infinity"] for r in done], 1, "")]) + " |")
+    return [*lines, ""]
+
+
+def _spread(values: list[float | None], scale: float, unit: str) -> str:
+    found = np.array([v for v in values if v is not None], dtype=float) * scale
+    if not len(found):
+        return "–"
+    return f"{found.mean():.1f} ± {found.std(ddof=1) if len(found) > 1 else 0.0:.1f}{unit}"
 
 
 def _accuracy(row: dict[str, Any], classifier: str) -> str:
@@ -199,7 +225,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], cells: list[Cell]) -> None:
     for dataset in datasets:
         for epsilon in dict.fromkeys(c.epsilon for c in cells):
             grids = {c.method: out / "runs" / c.name / SAMPLES for c in cells
-                     if c.dataset == dataset and c.epsilon == epsilon}
+                     if c.dataset == dataset and c.epsilon == epsilon and c.synthesis == 1}
             _sample_grids(grids, f"{dataset}, target ε = {epsilon:g}", out / f"samples-{dataset}-eps{epsilon:g}.png")
 
 
@@ -210,15 +236,18 @@ def _label(key: str) -> str:
 
 
 def _bars(axis: Any, rows: list[dict[str, Any]], key: str, title: str) -> None:
-    """Grouped bars: one group per method, one bar per target epsilon (absent where not measured yet), with
-    error bars where the row holds ``<key>_std``."""
+    """Grouped bars: one group per method, one bar per target epsilon (absent where not measured yet): the mean
+    over the cell's syntheses, with error bars of their standard deviation (of ``<key>_std``, the classifier
+    seeds' spread, for one synthesis)."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     epsilons = list(dict.fromkeys(r["target_epsilon"] for r in rows))
     width = 0.8 / len(epsilons)
     for k, epsilon in enumerate(epsilons):
-        values, spreads = ([next((r[name] for r in rows if r["method"] == m and r["target_epsilon"] == epsilon
-                                  and r.get(name) is not None), np.nan) for m in methods]
-                           for name in (key, f"{key}_std"))
+        measured = [[r for r in rows if r["method"] == m and r["target_epsilon"] == epsilon
+                     and r.get(key) is not None] for m in methods]
+        values = [np.mean([r[key] for r in found]) if found else np.nan for found in measured]
+        spreads = [np.std([r[key] for r in found], ddof=1) if len(found) > 1
+                   else (found[0].get(f"{key}_std") or 0.0) if found else np.nan for found in measured]
         axis.bar(np.arange(len(methods)) + (k - (len(epsilons) - 1) / 2) * width, values, width,
                  yerr=spreads, capsize=3, label=f"ε = {epsilon:g}")
     axis.set_xticks(np.arange(len(methods)), methods, rotation=20)
