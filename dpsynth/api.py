@@ -77,8 +77,10 @@ def validate_config(config: Config) -> None:
     check_threads(config["run"].get("threads", AUTO))
 
 
-# Keys whose default (None: off) keeps the behaviour of runs configured before they existed.
-KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "privacy.dataset_size", "privacy.noisy_dataset_size")
+# Keys whose default (None: off; model.class_start's "shared", as its settings say) keeps the behaviour of runs
+# configured before they existed.
+KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "model.class_start", "privacy.dataset_size",
+                    "privacy.noisy_dataset_size")
 
 
 def check_stored_config(config: Config, source: str) -> None:

@@ -14,11 +14,13 @@ from dpsynth.api import check_stored_config, resolve_config
 from dpsynth.bench import Cell
 from dpsynth.bench.results import cell_row
 from dpsynth.cli import main
+from dpsynth.config import section_settings
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows
+from dpsynth.diffusion.settings import UNetSettings
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import get_method
 from dpsynth.methods.privimage import semantic_histogram
@@ -187,8 +189,9 @@ def test_privimage_refuses_a_class_start_it_does_not_implement():
 
 def test_a_run_configured_before_init_from_and_num_images_existed_still_resumes():
     config = resolve_config("dpdm", dataset="digits")
-    del config["model"]["init_from"], config["dataset"]["num_images"]
+    del config["model"]["init_from"], config["model"]["class_start"], config["dataset"]["num_images"]
     check_stored_config(config, "config.yaml")
+    assert section_settings(UNetSettings, config, "model").class_start == "shared"  # as such runs started
     del config["model"]["attention"]
     with pytest.raises(ConfigError, match="config.yaml: missing model.attention"):
         check_stored_config(config, "config.yaml")
