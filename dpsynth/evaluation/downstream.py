@@ -72,7 +72,7 @@ def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, 
     scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, settings.epochs * steps_per_epoch) if per_step
                  else torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.2))
     ema = EMA(model, settings.ema) if settings.ema else None
-    shift = RandomCrop(tuple(images.shape[-2:]), padding=SHIFT) if settings.augment else nn.Identity()
+    shift = RandomCrop((images.shape[-2], images.shape[-1]), padding=SHIFT) if settings.augment else nn.Identity()
     for _ in tqdm(range(settings.epochs), desc=desc, dynamic_ncols=True):
         model.train()
         for batch in torch.randperm(len(images), generator=generator).split(settings.batch_size):

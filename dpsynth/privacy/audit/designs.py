@@ -129,14 +129,15 @@ def merf_features() -> Trial:
 
 
 def semantic_histogram_counts() -> Trial:
-    """PrivImage's histogram of top-3 public classes: D's records name classes 3-5, the canary 0-2; the score
-    is the noisy count of classes 0-2 together."""
+    """PrivImage's histogram of top-3 public classes (every record of one private class): D's records name
+    classes 3-5, the canary 0-2; the score is the noisy count of classes 0-2 together."""
     top_k, canary = 3, torch.tensor([[0, 1, 2]])
     records = torch.tensor([[3, 4, 5]]).repeat(RECORDS, 1)
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         top = torch.cat([records, canary]) if with_canary else records
-        return float(semantic_histogram(top, 2 * top_k, SIGMA, ledger, STAGE, noise)[:top_k].sum())
+        labels = torch.zeros(len(top), dtype=torch.long)
+        return float(semantic_histogram(top, labels, 1, 2 * top_k, SIGMA, ledger, STAGE, noise)[0, :top_k].sum())
 
     return trial
 
