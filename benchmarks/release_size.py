@@ -8,6 +8,7 @@ size. Prints accuracy and wall minutes per setting, and each setting's time as a
 run's own setting when it comes first); the bench's results.csv gives the synthesis time beside it.
 
 Usage: python benchmarks/release_size.py RUN_DIR [--sizes 5000 20000 60000] [--recipes default epochs=20 augment]
+[--classifiers cnn]
 The release must hold the largest size (run it with ``--set sampling.num_samples=60000``).
 """
 from __future__ import annotations
@@ -40,11 +41,14 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a finished run directory")
     parser.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 60000])
     parser.add_argument("--recipes", nargs="+", default=["default", "epochs=20", "augment"])
+    parser.add_argument("--classifiers", nargs="+", help="default: the run's evaluation.classifiers")
     args = parser.parse_args()
     run = RunDirectory.open(str(args.run))
     config = run.config()
     dataset = dataset_from_config(config)
     settings = EvaluationSettings.from_config(config["evaluation"])
+    if args.classifiers:
+        settings = dataclasses.replace(settings, classifiers=tuple(args.classifiers))
     release = load_release(run.file(SYNTHETIC), dataset.info)
     if len(release) < max(args.sizes):
         raise SystemExit(f"{run.path}: the release holds {len(release)} images, fewer than {max(args.sizes)}")
