@@ -1,15 +1,32 @@
-"""MkDocs hook: pages hold ``<!-- config: shared -->`` or ``<!-- config: METHOD -->``, replaced at build time by
-tables generated from the code's defaults (dpsynth.config.BASE_CONFIG, each method's sections and presets), so
-the configuration reference cannot drift from the code."""
+"""MkDocs hook: markers replaced at build time by what the code and the bench record say, so the pages cannot
+drift from them.
+
+- ``<!-- config: shared -->`` or ``<!-- config: METHOD -->``: a table of the code's defaults
+  (dpsynth.config.BASE_CONFIG, each method's sections and presets);
+- ``<!-- bench: DIR -->``: the tables of the bench record ``benchmarks/results/DIR`` with when and where it ran;
+- ``<!-- bench: DIR METHOD EPSILON KEY -->``: one number of that record (a results.csv column, e.g.
+  ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it.
+"""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+from dpsynth.bench import record
 from dpsynth.config_reference import config_table
 
-MARKER = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
+BENCH = re.compile(r"<!-- bench: ([\w.-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
+
+
+def bench_marker(match: re.Match[str]) -> str:
+    directory, method, epsilon, key = match.groups()
+    if method is None:
+        return record.table(RESULTS / directory)
+    return record.value(RESULTS / directory, method, float(epsilon), key)
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    return MARKER.sub(lambda match: config_table(match.group(1)), markdown)
+    return BENCH.sub(bench_marker, CONFIG.sub(lambda match: config_table(match.group(1)), markdown))

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.bench import BenchSpec
+from dpsynth.bench import BenchSpec, record
 from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
+from dpsynth.errors import DpsynthError
 
 COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
           "--set", "evaluation.num_synthetic=30", "--set", "evaluation.num_real=30",
@@ -59,6 +60,9 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
     table = (out / "results.md").read_text()
     assert "## digits" in table and "| dpdm | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
     assert "| acc. cnn |" in table and len(re.findall(r"\| \d+\.\d ± \d+\.\d % \|", table)) == 2  # mean ± std per run
+    quoted = record.value(out, "dpdm", 8, "accuracy_cnn")  # what a docs page quotes is the table's cell
+    assert re.fullmatch(r"\d+\.\d ± \d+\.\d %", quoted) and f"| {quoted} |" in table
+    assert "| dpdm | 8 |" in record.table(out) and "cores" in record.table(out)
     for picture in ("fid.png", "accuracy.png", "samples-digits-eps8.png"):
         assert (out / picture).stat().st_size > 1000
 
@@ -101,6 +105,17 @@ def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(t
     table = results_markdown(rows, "cpu")
     assert "| dpdm | 8 | 2 | 7.990 |" in table  # the synthesis column
     assert "| dpdm | 8 | 2 | 73.0 ± 1.4 % | 100.0 ± 2.8 |" in table  # across syntheses
+    with (tmp_path / "results.csv").open("w", newline="") as handle:  # as a docs page reads the record back
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "results.md").write_text(table)
+    assert record.value(tmp_path, "dpdm", 8, "accuracy_cnn") == "73.0 ± 1.4 %"
+    assert record.value(tmp_path, "dpdm", 8, "kid") == "0.100 ± 0.000"
+    with pytest.raises(DpsynthError, match="no finished cell pe at target epsilon 8"):
+        record.value(tmp_path, "pe", 8, "fid")
+    with pytest.raises(DpsynthError, match="no column 'fid_inf' to quote; one of epsilon, fid, fid_infinity"):
+        record.value(tmp_path, "dpdm", 8, "fid_inf")
     assert bench(tmp_path, ["pe"], "--syntheses", "0") == 2
     assert "--syntheses must be a whole number above 0, got 0" in capsys.readouterr().err
 
@@ -169,8 +184,9 @@ def test_a_method_that_needs_a_public_model_gets_one_the_bench_pretrains_once(tm
     assert bench(tmp_path, ["pdp-diffusion"], *tiny, "--epsilons", "4", "8", "--public-iterations", "3") == 0
     out = tmp_path / "bench"
     public = out / "public" / "pdp-diffusion-digits"
-    record = json.loads((public / "pretraining.json").read_text())
-    assert record["dataset"] == "glyphs" and record["step"] == 3 and record["settings"]["block_channels"] == [8, 16]
+    pretraining = json.loads((public / "pretraining.json").read_text())
+    assert pretraining["dataset"] == "glyphs" and pretraining["step"] == 3
+    assert pretraining["settings"]["block_channels"] == [8, 16]
     cells = [out / "runs" / f"pdp-diffusion-digits-eps{e}" for e in (4, 8)]
     assert [phases(cell) for cell in cells] == [["public", "synthesis", "evaluation"], ["synthesis", "evaluation"]]
     rows = results(out)

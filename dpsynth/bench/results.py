@@ -154,17 +154,20 @@ def _across_syntheses(rows: list[dict[str, Any]], classifiers: list[str]) -> lis
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for method, epsilon in dict.fromkeys((r["method"], r["target_epsilon"]) for r in rows):
         done = [r for r in rows if (r["method"], r["target_epsilon"]) == (method, epsilon) and r["status"] == "done"]
-        accuracy = [_spread([r[f"accuracy_{name}"] for r in done], 100, " %") for name in classifiers]
+        accuracy = [spread([r[f"accuracy_{name}"] for r in done], 100, 1, " %") for name in classifiers]
         lines.append("| " + " | ".join([method, f"{epsilon:g}", str(len(done)), *accuracy,
-                                         _spread([r["fid_infinity"] for r in done], 1, "")]) + " |")
+                                         spread([r["fid_infinity"] for r in done], 1, 1, "")]) + " |")
     return [*lines, ""]
 
 
-def _spread(values: list[float | None], scale: float, unit: str) -> str:
+def spread(values: list[float | None], scale: float, digits: int, unit: str) -> str:
+    """The values (None skipped) times ``scale``: one as it is, several as mean ± sample standard deviation."""
     found = np.array([v for v in values if v is not None], dtype=float) * scale
     if not len(found):
         return "–"
-    return f"{found.mean():.1f} ± {found.std(ddof=1) if len(found) > 1 else 0.0:.1f}{unit}"
+    if len(found) == 1:
+        return f"{found[0]:.{digits}f}{unit}"
+    return f"{found.mean():.{digits}f} ± {found.std(ddof=1):.{digits}f}{unit}"
 
 
 def _accuracy(row: dict[str, Any], classifier: str) -> str:
