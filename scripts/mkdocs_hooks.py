@@ -18,7 +18,7 @@ from dpsynth.config_reference import config_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
-BENCH = re.compile(r"<!-- bench: ([\w.-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
+BENCH = re.compile(r"<!-- bench: ([a-z0-9._-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
 
 
 def bench_marker(match: re.Match[str]) -> str:

@@ -56,7 +56,7 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
         assert 7.9 < float(row["epsilon"]) <= 8.0 and stage in row["privacy_split"]
         assert float(row["fid"]) > 0 and 0 <= float(row["accuracy_cnn"]) <= 1 and float(row["accuracy_cnn_std"]) >= 0
         assert float(row["synthesis_cpu_min"]) > 0 and float(row["evaluation_wall_min"]) > 0
-        assert float(row["peak_rss_gib"]) > 0.1 and row["selection_epsilon"]
+        assert float(row["peak_rss_gib"]) > 0.1 and row["selection_epsilon"] and "cores" in row["machine"]
     table = (out / "results.md").read_text()
     assert "## digits" in table and "| dpdm | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
     assert "| acc. cnn |" in table and len(re.findall(r"\| \d+\.\d ± \d+\.\d % \|", table)) == 2  # mean ± std per run
@@ -105,6 +105,10 @@ def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(t
     table = results_markdown(rows, "cpu")
     assert "| dpdm | 8 | 2 | 7.990 |" in table  # the synthesis column
     assert "| dpdm | 8 | 2 | 73.0 ± 1.4 % | 100.0 ± 2.8 |" in table  # across syntheses
+    assert "- every cell ran on:" not in table and "| machine |" not in table  # no attempt says where
+    on_two = results_markdown([{**rows[0], "machine": "Xeon, AVX512"}, {**rows[1], "machine": "EPYC, AVX2"}], "cpu")
+    assert "the cells ran on different machines" in on_two and on_two.count("| EPYC, AVX2 |") == 1
+    assert "- every cell ran on: Xeon, AVX512" in results_markdown([{**rows[0], "machine": "Xeon, AVX512"}], "cpu")
     with (tmp_path / "results.csv").open("w", newline="") as handle:  # as a docs page reads the record back
         writer = csv.DictWriter(handle, list(rows[0]))
         writer.writeheader()

@@ -41,7 +41,7 @@ from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS
 from ..runs import CONFIG, PRIVACY, RunDirectory
-from .results import ATTEMPTS, OUTPUT, write_results
+from .results import ATTEMPTS, OUTPUT, machine_type, write_results
 
 __all__ = ["Cell", "BenchSpec", "run_bench"]
 
@@ -317,7 +317,8 @@ def _interrupt(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rus
 
 def _append_attempt(run: RunDirectory, record: dict[str, Any]) -> None:
     with (run.path / ATTEMPTS).open("a") as handle:
-        handle.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}) + "\n")
+        handle.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine_type(), **record})
+                     + "\n")
 
 
 ALL_METHODS = ["dpdm", "dp-feta", "feta-pro", "pe", "dp-sad", "dp-imgsyn"]  # the baseline first, then by paper

@@ -65,6 +65,7 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
     row["peak_rss_gib"] = round(max(a["max_rss_bytes"] for a in attempts) / GIB, 2) if attempts else None
     row["peak_cuda_gib"] = _cuda_peak(log)
     row["public_pretraining_min"] = _public_minutes(log)
+    row["machine"] = "; ".join(dict.fromkeys(a["machine"] for a in attempts if "machine" in a)) or None
     return row
 
 
@@ -120,12 +121,17 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
              "follows its private class selection, so it is in its synthesis time)",
              "- epsilon: spent by the synthesis, from its ledger (privacy split: each stage's share); model "
              "selection in the evaluation spends its own budget (selection epsilon), reported apart", ""]
+    machines = list(dict.fromkeys(row["machine"] for row in rows if row.get("machine")))
+    mixed = len(machines) > 1
+    if machines:
+        lines.insert(-1, f"- every cell ran on: {machines[0]}" if not mixed else
+                     "- **the cells ran on different machines** (machine column): compare times within one only")
     repeated = any(row["synthesis"] > 1 for row in rows)
     header = (["method", "target ε", *(["synthesis"] if repeated else []), "ε spent", "FID (FID∞)", "KID", "precision",
                "recall"]
               + [f"acc. {name}" for name in classifiers]
               + ["synthesis min (CPU)", "public pre-training min", "evaluation min (CPU)", "peak memory GiB",
-                 "privacy split", "status"])
+                 "privacy split", "status", *(["machine"] if mixed else [])])
     for dataset in dict.fromkeys(row["dataset"] for row in rows):
         lines += [f"## {dataset}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for row in (r for r in rows if r["dataset"] == dataset):
@@ -138,7 +144,7 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
                      + [_accuracy(row, name) for name in classifiers]
                      + [_minutes(row, "synthesis"), _cell(row["public_pretraining_min"], 1),
                         _minutes(row, "evaluation"), memory,
-                        row["privacy_split"] or "–", row["status"]])
+                        row["privacy_split"] or "–", row["status"], *([row.get("machine") or "–"] if mixed else [])])
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         if repeated:
@@ -185,15 +191,26 @@ def _minutes(row: dict[str, Any], phase: str) -> str:
 
 def machine() -> str:
     """CPU model and count, torch threads, GPU if any, OS."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
-            f"{gpu}, {platform.system()} {platform.release()}")
+    return (f"{_cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} "
+            f"threads{gpu}, {platform.system()} {platform.release()}")
+
+
+def machine_type() -> str:
+    """What sets a cell's speed: the CPU model, core count, vector capability and bf16 support, and the GPU if any
+    (each attempt records it, so cells measured on different machines are not compared unawares)."""
+    bf16 = "native" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "emulated"
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}, "
+            f"bf16 {bf16}{gpu}")
+
+
+def _cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def _commit() -> str:
