@@ -22,7 +22,7 @@ from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
 from ..privacy.mechanisms import release_gaussian
 from ..privacy.randomness import SecretStream
 from ..utils.images import class_grid, save_png, to_uint8
-from .base import Method, Release, RunContext, register, weights
+from .base import CPU_PROTOCOL, Method, Release, RunContext, register, weights
 from .feature_generator import GeneratorSettings, fit_generator, generated_set
 from .random_features import FrequencySettings, RandomFourierFeatures
 
@@ -48,7 +48,7 @@ class DPMERF(Method):
         "paper": {"privacy": {"accountant": "rdp"}},
         # The same training (146 s per generator epoch on 2 AVX2 cores, about 60 s on 2 AVX-512 cores: 12 and 5
         # minutes) and 5,000 released images, as the other cpu presets.
-        "cpu": {"sampling": {"num_samples": 5000}},
+        "cpu": CPU_PROTOCOL,
     }
 
     def __init__(self, config: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import section_settings
+from ..config import preset_with, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
@@ -21,7 +21,7 @@ from ..models import build_unet
 from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import memory_limited_by, to_device
-from .base import Method, Release, RunContext, register
+from .base import CPU_PROTOCOL, Method, Release, RunContext, register
 from .training import DpsgdSection, MakeBatch, PrivateTraining
 
 DPSGD_STAGE = "dp-sgd"
@@ -62,13 +62,12 @@ class DPDM(Method):
         # DPImageBench's DPDM settings, accounted with RDP as the paper reports; meant for a GPU.
         "paper": {"privacy": {"accountant": "rdp"}},
         # Sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
-        "cpu": {
+        "cpu": preset_with(CPU_PROTOCOL, {
             "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
             "diffusion": {"sample_steps": 10},
             "dpsgd": {"batch_size": 512, "epochs": 6.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
                       "physical_batch_size": 128, "checkpoint_every": 25},
-            "sampling": {"num_samples": 5000},
-        },
+        }),
     }
 
     def __init__(self, config: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import Config, at_least, positive, section_settings
+from ...config import Config, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
@@ -30,7 +30,7 @@ from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechan
 from ...privacy.dpsgd import DpsgdSettings
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import Method, Release, RunContext, register, weights
+from ..base import CPU_PROTOCOL, Method, Release, RunContext, register, weights
 from ..training import PrivateTraining, dpsgd_schedule
 from .alignment import AlignmentSettings, align_images, uniform_targets
 from .statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
@@ -96,13 +96,13 @@ class DPImgSyn(Method):
         # Its students train for 200 epochs (App. A.1.4): the evaluation's distillation schedule.
         "paper": {"sampling": {"num_samples": 60000}, "evaluation": {"soft_label_epochs": 200}},
         # Sized for a 2-core CPU: a ResNet-10-style teacher (one block per stage, widths 16..128, 0.3M
-        # parameters, ~4x faster per example than widths 32..256) and a few epochs of large-batch DP-SGD,
-        # 5,000 aligned images; students distilled for 30 epochs at temperature 4 (ε = 10, one CNN: 10 epochs at
-        # T = 100 23 %, 30 epochs 40 %; 30 epochs at T = 1 / 4 / 10: 44 / 68 / 66 %, measured).
-        "cpu": {"teacher": {"blocks": [1, 1, 1, 1], "widths": [16, 32, 64, 128], "groups": 8,
-                            "batch_size": 512, "epochs": 4.0, "lr": 0.5},
-                "sampling": {"num_samples": 5000},
-                "evaluation": {"soft_label_epochs": 30, "distillation_temperature": 4}},
+        # parameters, ~4x faster per example than widths 32..256) and a few epochs of large-batch DP-SGD; students
+        # distilled for 30 epochs at temperature 4 (ε = 10, 5,000 images, one CNN: 10 epochs at T = 100 23 %,
+        # 30 epochs 40 %; 30 epochs at T = 1 / 4 / 10: 44 / 68 / 66 %, measured).
+        "cpu": preset_with(CPU_PROTOCOL, {
+            "teacher": {"blocks": [1, 1, 1, 1], "widths": [16, 32, 64, 128], "groups": 8, "batch_size": 512,
+                        "epochs": 4.0, "lr": 0.5},
+            "evaluation": {"soft_label_epochs": 30, "distillation_temperature": 4}}),
     }
 
     def __init__(self, config: Config) -> None:

@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from ...config import Config, at_least, one_of, positive, section_settings
+from ...config import Config, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import RunContext, register, weights
+from ..base import CPU_PROTOCOL, RunContext, register, weights
 from ..dpdm import DPDM
 from ..training import DpsgdSection, MakeBatch
 from .distillation import Discriminator, StudentLoss, discriminator_loss
@@ -106,15 +106,14 @@ class DPSAD(DPDM):
         # learning rates 1e-4 as Sec. 5.1 (the paper's batch 128 and T = 500 have no DP-SGD meaning here).
         "paper": {"privacy": {"accountant": "rdp"}, "teacher": {"epochs": 100.0}},
         # DPDM's cpu preset split between teacher (3 epochs) and student (1 epoch) at the same total steps.
-        "cpu": {
+        "cpu": preset_with(CPU_PROTOCOL, {
             "model": DPDM.presets["cpu"]["model"],
             "diffusion": DPDM.presets["cpu"]["diffusion"],
             "teacher": {**DPDM.presets["cpu"]["dpsgd"], "epochs": 3.0},
             "student": {"batch_size": 512, "epochs": 1.0, "lr": 5e-4, "ema": 0.99, "physical_batch_size": 128,
                         "checkpoint_every": 25},
             "discriminator": {"lr": 2e-4, "pool": 1000, "pool_steps": 25},
-            "sampling": {"num_samples": 5000},
-        },
+        }),
     }
 
     def __init__(self, config: Config) -> None:

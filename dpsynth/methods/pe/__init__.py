@@ -24,7 +24,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ...config import Config, at_least, one_of, positive, section_settings
+from ...config import Config, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS
 from ...data.glyphs import find_fonts
@@ -34,7 +34,7 @@ from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
 from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import Method, Release, RunContext, register
+from ..base import CPU_PROTOCOL, Method, Release, RunContext, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
 from .histogram import dp_histograms, nearest_neighbour_votes
@@ -110,9 +110,8 @@ class PrivateEvolution(Method):
         # 98 % down to 60 % of the schedule, Inception embedding; sigma calibrated to the budget.
         "paper": {},
         # Sized for a 2-core CPU: a smaller population and lookahead, raw-pixel embedding, 10 DDIM steps.
-        "cpu": {"api": {"steps": 10}, "pe": {"iterations": 8, "population": 2000, "lookahead": 2,
-                                              "embedding": "pixels", "degrees": [0.9, 0.4]},
-                "sampling": {"num_samples": 5000}},
+        "cpu": preset_with(CPU_PROTOCOL, {"api": {"steps": 10}, "pe": {
+            "iterations": 8, "population": 2000, "lookahead": 2, "embedding": "pixels", "degrees": [0.9, 0.4]}}),
     }
 
     def __init__(self, config: Config) -> None:
