@@ -118,7 +118,7 @@ def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(t
     assert record.value(tmp_path, "dpdm", 8, "kid") == "0.100 ± 0.000"
     with pytest.raises(DpsynthError, match="no finished cell pe at target epsilon 8"):
         record.value(tmp_path, "pe", 8, "fid")
-    with pytest.raises(DpsynthError, match="no column 'fid_inf' to quote; one of epsilon, fid, fid_infinity"):
+    with pytest.raises(DpsynthError, match="no column 'fid_inf' to quote; one of epsilon, fid, kid"):
         record.value(tmp_path, "dpdm", 8, "fid_inf")
     assert bench(tmp_path, ["pe"], "--syntheses", "0") == 2
     assert "--syntheses must be a whole number above 0, got 0" in capsys.readouterr().err
