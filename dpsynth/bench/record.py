@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DpsynthError
-from .results import spread
+from .results import seeds_accuracy, spread
 
 # How a quoted number is written: (scale, decimals, unit) per results.csv column; accuracy_<name> as percent.
 FORMATS = {"epsilon": (1, 3, ""), "fid": (1, 1, ""), "fid_infinity": (1, 1, ""), "kid": (1, 3, ""),
@@ -74,6 +74,6 @@ def _quotable(row: dict[str, Any]) -> list[str]:
 
 def _accuracy(rows: list[dict[str, Any]], key: str) -> str:
     """Percent; one synthesis: mean ± std over its classifier seeds, several: mean ± std over the syntheses."""
-    if len(rows) == 1 and rows[0].get(f"{key}_std") is not None:
-        return f"{100 * rows[0][key]:.1f} ± {100 * rows[0][f'{key}_std']:.1f} %"
+    if len(rows) == 1:
+        return seeds_accuracy(rows[0], key.removeprefix("accuracy_"))
     return spread([row[key] for row in rows], 100, 1, " %")

@@ -141,7 +141,7 @@ def results_markdown(rows: list[dict[str, Any]], preset: str) -> str:
             cells = ([row["method"], f"{row['target_epsilon']:g}", *([str(row["synthesis"])] if repeated else []),
                       _cell(row["epsilon"], 3), fid, _cell(row["kid"]),
                       _cell(row["precision"]), _cell(row["recall"])]
-                     + [_accuracy(row, name) for name in classifiers]
+                     + [seeds_accuracy(row, name) for name in classifiers]
                      + [_minutes(row, "synthesis"), _cell(row["public_pretraining_min"], 1),
                         _minutes(row, "evaluation"), memory,
                         row["privacy_split"] or "–", row["status"], *([row.get("machine") or "–"] if mixed else [])])
@@ -176,7 +176,7 @@ def spread(values: list[float | None], scale: float, digits: int, unit: str) -> 
     return f"{found.mean():.{digits}f} ± {found.std(ddof=1):.{digits}f}{unit}"
 
 
-def _accuracy(row: dict[str, Any], classifier: str) -> str:
+def seeds_accuracy(row: dict[str, Any], classifier: str) -> str:
     """Mean test accuracy ± its standard deviation over the classifier seeds, in percent."""
     mean, std = row.get(f"accuracy_{classifier}"), row.get(f"accuracy_{classifier}_std")
     if mean is None or std is None:
