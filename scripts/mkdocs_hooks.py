@@ -5,7 +5,9 @@ drift from them.
   (dpsynth.config.BASE_CONFIG, each method's sections and presets);
 - ``<!-- bench: DIR -->``: the tables of the bench record ``benchmarks/results/DIR`` with when and where it ran;
 - ``<!-- bench: DIR METHOD EPSILON KEY -->``: one number of that record (a results.csv column, e.g.
-  ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it.
+  ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it;
+- ``<!-- frontier: DIR [DIR ...] -->``: the accuracy / FID-inf against synthesis hours table of those records'
+  finished cells, with the one machine that measured them.
 """
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpsynth.bench import record
+from dpsynth.bench import frontier, record
 from dpsynth.config_reference import config_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
 BENCH = re.compile(r"<!-- bench: ([a-z0-9._-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
+FRONTIER = re.compile(r"<!-- frontier: ([a-z0-9._/ -]+) -->")
 
 
 def bench_marker(match: re.Match[str]) -> str:
@@ -28,5 +31,10 @@ def bench_marker(match: re.Match[str]) -> str:
     return record.value(RESULTS / directory, method, float(epsilon), key)
 
 
+def frontier_marker(match: re.Match[str]) -> str:
+    return frontier.table([RESULTS / directory for directory in match.group(1).split()])
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    return BENCH.sub(bench_marker, CONFIG.sub(lambda match: config_table(match.group(1)), markdown))
+    markdown = CONFIG.sub(lambda match: config_table(match.group(1)), markdown)
+    return FRONTIER.sub(frontier_marker, BENCH.sub(bench_marker, markdown))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.bench import BenchSpec, record
+from dpsynth.bench import BenchSpec, frontier, record
 from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
 from dpsynth.errors import DpsynthError
@@ -122,6 +122,23 @@ def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(t
         record.value(tmp_path, "dpdm", 8, "fid_inf")
     assert bench(tmp_path, ["pe"], "--syntheses", "0") == 2
     assert "--syntheses must be a whole number above 0, got 0" in capsys.readouterr().err
+
+
+def test_the_frontier_tabulates_committed_records_of_one_cpu_type_and_refuses_a_mix(tmp_path):
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    benches = [results / "cpu-frontier" / "dpdm-0.5h", results / "cpu-frontier" / "dpdm-1h"]
+    table = frontier.table(benches)
+    assert table.startswith("Measured on Intel(R) Xeon(R) Processor, 2 cores.")
+    assert "| dpdm | 10 | [16, 32, 32] x1, batch 512, 6.0 epochs | 0.42 (0.81) | 72.6 ± 0.1 % | 101.8 |" in table
+    assert [p["bench"] for p in frontier.points(benches)] == ["dpdm-0.5h", "dpdm-1h"]  # by hours
+    frontier.plot(frontier.points(benches), tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
+    other = tmp_path / "epyc"
+    other.mkdir()
+    (other / "results.md").write_text((benches[0] / "results.md").read_text().replace("Intel(R) Xeon(R) Processor",
+                                                                                      "AMD EPYC 9B14"))
+    with pytest.raises(DpsynthError, match="frontier points come from different machines.*epyc: AMD EPYC 9B14"):
+        frontier.table([benches[0], other])
 
 
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
