@@ -68,6 +68,9 @@ def test_photo_patches_are_distinct_natural_crops_drawn_the_same_everywhere():
     assert spread.max() > 0.2 and (spread < 0.02).float().mean() < 0.5  # textured and flat ones, not all flat
     again = load_dataset("photo-patches", resolution=16)
     assert torch.equal(dataset.train.images, again.train.images)
+    grey = load_dataset("photo-patches", resolution=16, channels=1)  # e.g. to pre-train for a grey private set
+    assert_well_formed(grey, (1, 16, 16), 2)
+    assert (grey.train.images - dataset.train.images.mean(dim=1, keepdim=True)).abs().max() <= 0.5 / 255 + 1e-6
 
 
 @pytest.mark.parametrize("compress", [True, False])

@@ -19,7 +19,7 @@ from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
-from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows
+from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows, spread_start
 from dpsynth.diffusion.settings import UNetSettings
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import get_method
@@ -95,6 +95,11 @@ def test_spread_starts_each_private_class_at_its_own_public_class_row_chosen_far
     assert spread >= torch.pdist(public[:10]).min()  # no closer than the first ten public classes
     three = spread_rows(public[:3], 3).tolist()
     assert spread_rows(public[:3], 5).tolist() == three + three[:2]  # fewer public rows: reused in turn
+    two = public[:2]  # e.g. photo-patches' two photographs: the reused rows are moved apart by the rows' spread
+    started = spread_start(two, 5)
+    assert torch.equal(started[:2], two[spread_rows(two, 2)]) and torch.pdist(started).min() > 0.1 * torch.pdist(two)
+    moved = (started[2:] - two[spread_rows(two, 5)[2:]]).abs().mean(0)
+    assert torch.allclose(moved.mean(), (0.8 * two.std(0)).mean(), rtol=0.5)  # E|N(0, s^2)| = 0.8 s
 
 
 def test_a_public_model_of_another_shape_or_diffusion_is_refused_by_name(tmp_path):

@@ -125,8 +125,9 @@ PHOTO_PATCH_SIDES = (16, 200)
 def load_photo_patches(options: LoadOptions) -> RawDataset:
     """20,000 square crops of scikit-learn's two sample photographs (a temple, a flower), natural-image public
     data that installs offline: each crop has a random side in 16..200 pixels and a random place, is mirrored
-    half of the time and resized to ``options.resolution`` (RGB). Drawn from a fixed seed, so the set is the
-    same everywhere; the label is the photograph."""
+    half of the time and resized to ``options.resolution`` (RGB, or grey as the mean of R, G and B when
+    ``options.channels`` is 1). Drawn from a fixed seed, so the set is the same everywhere; the label is the
+    photograph."""
     from PIL import Image
 
     try:
@@ -146,6 +147,8 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
         patch = photo.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + side, top + side))
         images[index] = patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else patch
     names = [Path(name).stem for name in bunch.filenames]
+    if options.channels == 1:
+        images = images.mean(axis=3, keepdims=True).round().astype(np.uint8)
     return RawDataset(images.transpose(0, 3, 1, 2), sources.astype(np.int64), names,
                       "sklearn.datasets.load_sample_images (random crops)")
 

@@ -126,7 +126,7 @@ def init_from_public(model: UNet2DModel, directory: str | Path, class_names: lis
     same order). Otherwise the private null row starts at the public null (unconditional) row, and each private
     class row at ``class_start``: ``shared``, the public null row too (the fine-tuned model starts as the public
     model's unconditional one); ``spread``, a public class row of its own, the C rows chosen farthest apart
-    (:func:`spread_rows`), so the classes are told apart from the first step. An unconditional public model
+    (:func:`spread_start`), so the classes are told apart from the first step. An unconditional public model
     gives zero rows. Returns what was done, for the run's log."""
     record = read_pretraining(directory, setting)
     public = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False)
@@ -144,7 +144,7 @@ def init_from_public(model: UNet2DModel, directory: str | Path, class_names: lis
             classes = "copied (same classes)"
         elif class_start == "spread":
             rows = public.class_embedding.weight
-            embedding.copy_(torch.cat([rows[spread_rows(rows[:-1], len(class_names))], rows[-1:]]))
+            embedding.copy_(torch.cat([spread_start(rows[:-1], len(class_names)), rows[-1:]]))
             classes = f"public class rows spread apart ({len(rows) - 1} public classes), null from the public null"
         else:
             embedding.copy_(public.class_embedding.weight[-1].expand_as(embedding))
@@ -160,6 +160,19 @@ def spread_rows(rows: torch.Tensor, count: int) -> torch.Tensor:
     while len(chosen) < min(count, len(rows)):
         chosen.append(int(torch.cdist(rows, rows[chosen]).min(dim=1).values.argmax()))
     return torch.tensor([chosen[i % len(chosen)] for i in range(count)])
+
+
+def spread_start(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` distinct starting rows from the public class ``rows``: those of :func:`spread_rows`; where a row
+    is reused (fewer public classes than private ones), it is moved by a Gaussian offset as large as the public
+    rows' spread per dimension, from a fixed seed (public randomness), so that no two classes start alike."""
+    started = rows[spread_rows(rows, count)].clone()
+    reused = count - len(rows)
+    if reused > 0:
+        scale = rows.std(0) if len(rows) > 1 else rows.std().expand(rows.shape[1])
+        offsets = torch.randn(reused, rows.shape[1], generator=torch.Generator().manual_seed(0), dtype=rows.dtype)
+        started[len(rows):] += offsets.to(rows.device) * scale
+    return started
 
 
 def _check_same_diffusion(record: dict[str, Any], diffusion: Diffusion, directory: str | Path, setting: str) -> None:
