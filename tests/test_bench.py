@@ -112,11 +112,12 @@ def test_repeated_syntheses_are_cells_of_their_own_tabulated_with_their_spread(t
     with (tmp_path / "results.csv").open("w", newline="") as handle:  # as a docs page reads the record back
         writer = csv.DictWriter(handle, list(rows[0]))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(rows + [{**rows[0], "method": "pe", "target_epsilon": 1.0, "status": "pending"}])
     (tmp_path / "results.md").write_text(table)
     assert record.value(tmp_path, "dpdm", 8, "accuracy_cnn") == "73.0 ± 1.4 %"
     assert record.value(tmp_path, "dpdm", 8, "kid") == "0.100 ± 0.000"
-    with pytest.raises(DpsynthError, match="no finished cell pe at target epsilon 8"):
+    assert record.value(tmp_path, "pe", 1, "fid") == record.NOT_YET  # a record still running
+    with pytest.raises(DpsynthError, match="no cell pe at target epsilon 8"):
         record.value(tmp_path, "pe", 8, "fid")
     with pytest.raises(DpsynthError, match="no column 'fid_inf' to quote; one of epsilon, fid, kid"):
         record.value(tmp_path, "dpdm", 8, "fid_inf")

@@ -15,6 +15,7 @@ FORMATS = {"epsilon": (1, 3, ""), "fid": (1, 1, ""), "fid_infinity": (1, 1, ""),
            "precision": (1, 3, ""), "recall": (1, 3, ""), "synthesis_wall_min": (1, 1, ""),
            "synthesis_cpu_min": (1, 1, ""), "evaluation_wall_min": (1, 1, ""), "evaluation_cpu_min": (1, 1, ""),
            "peak_rss_gib": (1, 2, ""), "public_pretraining_min": (1, 1, "")}
+NOT_YET = "(not yet measured)"
 HEADER = re.compile(r"^- (generated|machine):? (.*)$", re.MULTILINE)
 
 
@@ -54,14 +55,18 @@ def table(bench: Path) -> str:
 
 def value(bench: Path, method: str, epsilon: float, key: str, dataset: str | None = None) -> str:
     """One cell's ``key`` (a results.csv column) as the bench writes it; over several finished syntheses, their
-    mean ± standard deviation. DpsynthError naming what is missing when the record lacks the cell or the key."""
-    rows = [row for row in read_rows(bench) if row["method"] == method and row["target_epsilon"] == epsilon
-            and (dataset is None or row["dataset"] == dataset) and row["status"] == "done"]
-    if not rows:
-        raise DpsynthError(f"{bench}: no finished cell {method} at target epsilon {epsilon:g}"
+    mean ± standard deviation; NOT_YET while the cell is planned but unfinished (a record still running). DpsynthError
+    naming what is missing when the record lacks the cell or the key."""
+    planned = [row for row in read_rows(bench) if row["method"] == method and row["target_epsilon"] == epsilon
+               and (dataset is None or row["dataset"] == dataset)]
+    if not planned:
+        raise DpsynthError(f"{bench}: no cell {method} at target epsilon {epsilon:g}"
                            + (f" on {dataset}" if dataset else ""))
-    if key not in rows[0] or (key not in FORMATS and not key.startswith("accuracy_")):
-        raise DpsynthError(f"{bench}: no column {key!r} to quote; one of {', '.join(_quotable(rows[0]))}")
+    if key not in planned[0] or (key not in FORMATS and not key.startswith("accuracy_")):
+        raise DpsynthError(f"{bench}: no column {key!r} to quote; one of {', '.join(_quotable(planned[0]))}")
+    rows = [row for row in planned if row["status"] == "done"]
+    if not rows:
+        return NOT_YET
     if key.startswith("accuracy_"):
         return _accuracy(rows, key)
     scale, digits, unit = FORMATS[key]
