@@ -3,7 +3,8 @@ drift from them.
 
 - ``<!-- config: shared -->`` or ``<!-- config: METHOD -->``: a table of the code's defaults
   (dpsynth.config.BASE_CONFIG, each method's sections and presets);
-- ``<!-- bench: DIR -->``: the tables of the bench record ``benchmarks/results/DIR`` with when and where it ran;
+- ``<!-- bench: DIR -->``: the tables of the bench record ``benchmarks/results/DIR`` (DIR may be a sub-path, e.g.
+  ``cpu-frontier/dpdm-1h``) with when and where it ran;
 - ``<!-- bench: DIR METHOD EPSILON KEY -->``: one number of that record (a results.csv column, e.g.
   ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it;
 - ``<!-- frontier: DIR [DIR ...] -->``: the accuracy / FID-inf against synthesis hours table of those records'
@@ -20,7 +21,7 @@ from dpsynth.config_reference import config_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
-BENCH = re.compile(r"<!-- bench: ([a-z0-9._-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
+BENCH = re.compile(r"<!-- bench: ([a-z0-9._/-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
 FRONTIER = re.compile(r"<!-- frontier: ([a-z0-9._/ -]+) -->")
 
 
