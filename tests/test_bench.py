@@ -140,6 +140,9 @@ def test_the_frontier_tabulates_committed_records_of_one_cpu_type_and_refuses_a_
                                                                                       "AMD EPYC 9B14"))
     with pytest.raises(DpsynthError, match="frontier points come from different machines.*epyc: AMD EPYC 9B14"):
         frontier.table([benches[0], other])
+    amx = [results / "cpu-frontier" / "dpdm-12-epochs", results / "cpu-frontier-amx" / "dpdm-6-epochs"]
+    with pytest.raises(DpsynthError, match="different machines.*AVX512, bf16 native.*AVX512, AMX, bf16 native"):
+        frontier.table(amx)  # same CPU name and capability, with and without AMX tiles
 
 
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
