@@ -5,7 +5,7 @@
 #
 # Usage: bash benchmarks/frontier-cells.sh ROOT CELL [CELL ...]      (from the repository root)
 # Cells: dpdm-6-epochs dpdm-12-epochs dpdm-26-epochs dpdm-wide-6-epochs dpdm-6-epochs-no-noise
-#        dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
+#        dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
 set -euo pipefail
 python=${PYTHON:-.venv/bin/python}
 [ $# -ge 2 ] || { sed -n 6,8p "$0" >&2; exit 2; }
@@ -21,6 +21,7 @@ for cell in "$@"; do
         dpdm-26-epochs) extra=(--set dpsgd.epochs=26) ;;
         dpdm-wide-6-epochs) extra=(--set dpsgd.epochs=6 --set "model.block_channels=[32, 64, 64]") ;;
         dpdm-6-epochs-no-noise) epsilon=inf extra=(--set dpsgd.epochs=6 --set run.allow_non_private=true) ;;
+        dpdm-12-epochs-no-noise) epsilon=inf extra=(--set dpsgd.epochs=12 --set run.allow_non_private=true) ;;
         dpdm-26-epochs-no-noise) epsilon=inf extra=(--set dpsgd.epochs=26 --set run.allow_non_private=true) ;;
         pdp-diffusion-26-epochs) method=pdp-diffusion extra=(--set dpsgd.epochs=26 --set "model.init_from=$glyphs") ;;
         *) echo "unknown frontier cell '$cell'; one of: $(sed -n 7,8p "$0" | cut -c10- | tr -s ' \n' ' ')" >&2
