@@ -163,7 +163,10 @@ class Diffusion:
                 device: torch.device | None = None, guidance_interval: Interval = FULL_TRAJECTORY) -> torch.Tensor:
         """Images in [0, 1] for ``labels`` from Gaussian noise (drawn from ``generator``) by ``scheduler``'s steps,
         guided where t / T lies in ``guidance_interval``."""
-        device = device or next(model.parameters()).device
+        if device is None:
+            if not isinstance(model, nn.Module):
+                raise TypeError("denoise needs `device` for a model that is not an nn.Module")
+            device = next(model.parameters()).device
         x = torch.randn((len(labels), *shape), generator=generator).to(device)
         labels = labels.to(device)
         low, high = check_interval(guidance_interval)

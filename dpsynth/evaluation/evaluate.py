@@ -120,8 +120,8 @@ class EvaluationSettings:
     def training(self, soft_labels: bool) -> TrainingSettings:
         """How each downstream classifier is trained: by distillation on a release with ``soft_labels`` for
         ``soft_label_epochs`` when set (DP-ImgSyn's students train longer), else for ``classifier_epochs``."""
-        distilled = soft_labels and self.soft_label_epochs is not None
-        epochs = self.soft_label_epochs if distilled else self.classifier_epochs
+        distilled = self.soft_label_epochs if soft_labels else None
+        epochs = self.classifier_epochs if distilled is None else distilled
         return TrainingSettings(epochs, self.classifier_batch_size, self.classifier_lr, self.classifier_schedule,
                                 self.classifier_ema, self.classifier_augment)
         resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")

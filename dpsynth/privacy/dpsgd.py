@@ -132,9 +132,10 @@ class DPSGD:
         self.public_size = num_records if public_size is None else public_size
         self.world = world or World()
         self.generator, self.example_generator = generator, example_generator or generator
-        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.params: Params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         why_not = "no batch loss" if batch_loss is None else unsupported(model)
-        self.batched = BatchedGradients(model, batch_loss, self.params) if why_not is None else None
+        self.batched = (BatchedGradients(model, batch_loss, self.params)
+                        if batch_loss is not None and why_not is None else None)
         self.engine = {"per_example": "vmap", "why": why_not} if why_not else None  # decided at the first step
 
     def step(self, make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -188,7 +189,7 @@ class DPSGD:
         return {name: part.view_as(param) for (name, param), part
                 in zip(self.params.items(), flat.split(sizes), strict=True)}
 
-    def _choose_engine(self, batch: Sequence[torch.Tensor], params: Params, buffers: Params) -> dict[str, str | None]:
+    def _choose_engine(self, batch: Sequence[torch.Tensor], params: Params, buffers: Params) -> dict[str, str]:
         """The batched engine if, on random public tensors of ``batch``'s shapes (:data:`PROBE_EXAMPLES`
         examples), it agrees with vmap and one example's gradient does not move when the others change; else vmap.
         Nothing of the private batch but its shapes enters the choice."""
