@@ -194,6 +194,11 @@ def test_classifier_augment_trains_on_shifted_images_and_must_be_a_bool(digits):
         EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "classifier_augment": "yes"})
 
 
+def test_fast_inception_must_be_auto_true_or_false_when_the_settings_are_read():
+    with pytest.raises(ConfigError, match="evaluation.fast_inception must be auto, true or false, got 'fast'"):
+        EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "fast_inception": "fast"})
+
+
 @pytest.mark.slow
 def test_cnn_trained_as_the_evaluation_trains_it_on_5k_real_fashion_mnist_reaches_87_percent():
     """The evaluation's recipe (10 epochs on a release of 5,000) on 5,000 real images: 87.8 % measured."""

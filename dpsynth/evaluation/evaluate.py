@@ -116,6 +116,7 @@ class EvaluationSettings:
             raise ConfigError(f"evaluation.classifier_augment must be true or false, got {self.classifier_augment!r}")
         if not 0 <= self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
+        resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")  # auto, true or false
 
     def training(self, soft_labels: bool) -> TrainingSettings:
         """How each downstream classifier is trained: by distillation on a release with ``soft_labels`` for
@@ -124,7 +125,6 @@ class EvaluationSettings:
         epochs = self.classifier_epochs if distilled is None else distilled
         return TrainingSettings(epochs, self.classifier_batch_size, self.classifier_lr, self.classifier_schedule,
                                 self.classifier_ema, self.classifier_augment)
-        resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")
 
 
 def _first(count: int, total: int, seed: int) -> np.ndarray:
