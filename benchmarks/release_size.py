@@ -21,8 +21,8 @@ from pathlib import Path
 from dpsynth.api import dataset_from_config
 from dpsynth.evaluation import EvaluationSettings, load_release, selection_ledger
 from dpsynth.evaluation.downstream import TrainingSettings, downstream_accuracy, seeded_accuracy
-from dpsynth.pipeline import pick_device
 from dpsynth.runs import SYNTHETIC, RunDirectory
+from dpsynth.utils.device import pick_device
 
 
 def recipe(base: TrainingSettings, name: str) -> TrainingSettings:

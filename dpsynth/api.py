@@ -1,6 +1,7 @@
 """The Python API: resolve a method's config, load its dataset, plan its privacy budget."""
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterable
@@ -9,12 +10,13 @@ from typing import Any
 
 import torch
 
+from .autoplan.rules import parse_duration
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .data.registry import train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .hardware import AUTO, check_threads, hardware_choices
-from .methods import get_method
+from .methods import METHODS, get_method
 from .privacy import (
     ACCOUNTANTS,
     Accountant,
@@ -29,6 +31,7 @@ from .privacy import (
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.mechanisms import noisy_count
 from .privacy.randomness import SecretStream, stream_key
+from .utils.device import pick_device
 
 # The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
 SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
@@ -46,9 +49,11 @@ def resolve_config(
 ) -> Config:
     """The fully resolved config of ``method``: defaults, preset, then the given values and ``key=value``s."""
     method_cls = get_method(method)
-    preset_name, preset_values = method_cls.preset(preset)
     direct = [("dataset.name", dataset), ("dataset.data_dir", data_dir), ("privacy.epsilon", epsilon)]
     pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides)
+    device = dict(pairs).get("run.device", "auto")
+    preset_name, preset_values = method_cls.preset(preset, pick_device(device) if isinstance(device, str) else None)
+    pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
     config = {"method": method, "preset": preset_name,
               **build_config(method_cls.sections, preset_values, preset_name, pairs)}
     validate_config(config)
@@ -67,6 +72,11 @@ def validate_config(config: Config) -> None:
         check_epsilon(privacy["epsilon"])
     if privacy["delta"] is not None:
         check_delta(privacy["delta"])
+    if "plan" in config:
+        parse_duration(config["plan"]["time_budget"])
+    cap = privacy.get("max_images_per_group", 1)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigError(f"privacy.max_images_per_group must be a positive whole number, got {cap!r}")
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     size = privacy.get("dataset_size", "auto")
     if size not in SIZE_CHOICES and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -80,7 +90,8 @@ def validate_config(config: Config) -> None:
 # Keys whose default (None: off; model.class_start's "shared", as its settings say) keeps the behaviour of runs
 # configured before they existed.
 KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "model.class_start", "privacy.dataset_size",
-                    "privacy.noisy_dataset_size")
+                    "privacy.noisy_dataset_size", "privacy.max_images_per_group", "plan.time_budget",
+                    "plan.user_keys", "plan.base", "plan.probe", "plan.decisions", "plan.expected_seconds")
 
 
 def check_stored_config(config: Config, source: str) -> None:
@@ -141,9 +152,9 @@ def draws_noisy_size(info: DatasetInfo) -> bool:
 
 
 def noisy_total(dataset: Dataset, seed: int | None) -> int:
-    """The number of images of ``dataset`` (all splits but an official test part) plus N(0, SIZE_NOISE^2), rounded,
-    from a stream of its own (the caller records :data:`SIZE_STAGE`)."""
-    exact = sum(size for split, size in dataset.info.split_sizes.items()
+    """The number of units (images, or groups) of ``dataset`` (all splits but an official test part) plus
+    N(0, SIZE_NOISE^2), rounded, from a stream of its own (the caller records :data:`SIZE_STAGE`)."""
+    exact = sum(size for split, size in dataset.info.unit_counts.items()
                 if split != "test" or not dataset.info.official_test)
     return noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(seed, SIZE_STAGE)))
 
@@ -174,6 +185,11 @@ class BudgetPlan:
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     """Calibrate the method's stages so the whole run on ``info``'s training split meets the target."""
     method = get_method(config["method"])(config)
+    if info.unit == "group" and not method.supports_groups:
+        supported = ", ".join(name for name, cls in sorted(METHODS.items()) if cls.supports_groups)
+        raise ConfigError(f"{config['method']} bounds what one image contributes, not one group: with groups (a "
+                          f"folder's groups.csv, an npz's 'groups') run {supported}, or leave the groups out to "
+                          "protect single images")
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
@@ -193,6 +209,42 @@ def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
     if not config["run"]["allow_non_private"]:
         raise ConfigError(f"{what}; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
     warnings.warn(what, PrivacyWarning, stacklevel=2)
+
+
+def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_size: bool = False
+                   ) -> tuple[Config, Dataset]:
+    """The config a run of ``config`` on ``dataset`` uses, and the dataset with its planning size: for preset
+    ``auto`` the plan derived on ``device`` (:mod:`dpsynth.autoplan`); a fixed preset checked to fit the data.
+
+    A derived plan reads N, so where the size is private it follows the noisy count, which ``draw_size`` (a run)
+    draws now, before the plan (``privacy.noisy_dataset_size``; the run records its mechanism); without it (a
+    plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses it."""
+    from .autoplan.plan import derive_config
+
+    if draw_size and config["preset"] == "auto" and with_public_size(config, dataset).info.size_rule == "private":
+        config = copy.deepcopy(config)
+        config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config["run"]["seed"])
+    dataset = with_public_size(config, dataset)
+    if dataset.info.shape_decision:  # the run keeps the shape its folder was read at, whatever the folder becomes
+        config = copy.deepcopy(config)
+        config["dataset"].update(resolution=dataset.info.height, channels=dataset.info.channels)
+    return derive_config(config, dataset.info, device), dataset
+
+
+def format_derived_plan(config: Config) -> str:
+    """The derived plan in words: its budget, base preset, decisions and the expected minutes of each phase."""
+    plan = config["plan"]
+    expected = plan["expected_seconds"]
+    lines = [f"derived plan (--preset auto, from the {plan['base']} preset) for a time budget of "
+             f"{plan['time_budget']} on {plan['probe']['device']}:"]
+    lines += [f"  {decision}" for decision in plan["decisions"]]
+    lines.append("  expected wall time: " + ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds
+                                                     in expected.items() if phase != "total")
+                 + f"; total {expected['total'] / 60:.1f} min")
+    unestimated = get_method(config["method"]).unestimated_phases
+    if unestimated:
+        lines.append(f"  not timed by the probe (add them): {', '.join(unestimated)}")
+    return "\n".join(lines)
 
 
 def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:

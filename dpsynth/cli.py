@@ -47,10 +47,15 @@ def _data_info(args: argparse.Namespace) -> None:
     print(f"name:     {info.name}")
     print(f"found at: {info.source}")
     print(f"shape:    {info.channels} x {info.height} x {info.width} (C x H x W), values in [0, 1]")
+    if info.shape_decision:
+        print(f"decided:  {info.shape_decision}")
     print(f"classes:  {info.num_classes}: {', '.join(info.class_names)}")
     sizes = ", ".join(f"{name} {count}" for name, count in info.split_sizes.items())
     print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
-    print(f"planning: {f'N = {info.num_train}, ' if info.size_rule != 'private' else ''}"
+    if info.group_counts is not None:
+        groups = ", ".join(f"{name} {count}" for name, count in info.group_counts.items())
+        print(f"groups:   {groups} (no group on two sides; the unit of privacy is one group)")
+    print(f"planning: {f'N = {info.num_train} {info.unit}s, ' if info.size_rule != 'private' else ''}"
           f"{SIZE_WORDS[info.size_rule]} (privacy.dataset_size)")
 
 
@@ -86,7 +91,7 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
 def _pretrain(args: argparse.Namespace) -> None:
     from .api import resolve_config
     from .diffusion.pretrain import pretrain
-    from .pipeline import pick_device
+    from .utils.device import pick_device
 
     dataset_keys = [item for item in args.set if item.startswith("dataset.")]
     method_keys = [item for item in args.set if not item.startswith("dataset.")]
@@ -119,15 +124,18 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
-    from .api import dataset_from_config, plan_privacy, resolve_config
+    from .api import dataset_from_config, format_derived_plan, plan_privacy, planned_config, resolve_config
+    from .utils.device import pick_device
 
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
-    plan = plan_privacy(config, dataset_from_config(config).info)
+    config, dataset = planned_config(config, dataset_from_config(config), pick_device(config["run"]["device"]))
+    plan = plan_privacy(config, dataset.info)
     if args.json:
-        print(json.dumps(plan, indent=2))
+        print(json.dumps({**plan, "derived": config["plan"] if config["preset"] == "auto" else None}, indent=2))
     else:
-        print(_format_plan(plan, config))
+        derived = config["plan"].get("decisions")
+        print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
 
 
 def _without_nproc(argv: Sequence[str]) -> list[str]:
@@ -169,7 +177,8 @@ def _run(args: argparse.Namespace) -> None:
     if args.resume:
         given = [option for option, value in (("METHOD", args.method), ("--dataset", args.dataset),
                                               ("--data-dir", args.data_dir), ("--epsilon", args.epsilon),
-                                              ("--preset", args.preset), ("--api", args.api),
+                                              ("--preset", args.preset), ("--time-budget", args.time_budget),
+                                              ("--api", args.api),
                                               ("--api-model", args.api_model), ("--public", args.public),
                                               ("--init-from", args.init_from)) if value]
         if given:
@@ -183,6 +192,10 @@ def _run(args: argparse.Namespace) -> None:
         run = resume(args.resume, parse_overrides(args.set + ([f"run.device={args.device}"] if args.device else [])))
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
+    elif args.epsilon is None:
+        raise DpsynthError("dpsynth run needs --epsilon (the target epsilon of the whole release; `dpsynth privacy "
+                           "METHOD --epsilon E` shows what a value buys); --epsilon inf with --allow-non-private runs "
+                           "without noise")
     else:
         overrides = _method_overrides(args) + ([f"run.device={args.device}"] if args.device else [])
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
@@ -292,11 +305,15 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
 
 
-def _add_method_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", help="dataset name (default fashion-mnist)")
+def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> None:
+    parser.add_argument("--dataset", help="dataset name (default: fashion-mnist)")
     parser.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
-    parser.add_argument("--epsilon", type=float, help="target epsilon of the whole run")
-    parser.add_argument("--preset", help="configuration preset (cpu or paper)")
+    parser.add_argument("--epsilon", type=float, help=epsilon_help)
+    parser.add_argument("--preset", help="auto (the default): batch, steps and release sized to the data, the device "
+                                         "and --time-budget by a short probe; cpu or paper: the fixed presets")
+    parser.add_argument("--time-budget", metavar="DURATION",
+                        help="with --preset auto: wall time of the whole run, training, sampling and evaluation, "
+                             "e.g. 45m or 2h (default: 30m; plan.time_budget)")
     parser.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
     parser.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
     parser.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
@@ -309,8 +326,8 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
 
 
 # Options that stand for a config key: (attribute of the parsed arguments, key).
-SHORTCUTS = (("api", "api.name"), ("api_model", "api.model"), ("public", "alignment.public"),
-             ("init_from", "model.init_from"))
+SHORTCUTS = (("time_budget", "plan.time_budget"), ("api", "api.name"), ("api_model", "api.model"),
+             ("public", "alignment.public"), ("init_from", "model.init_from"))
 
 
 def _method_overrides(args: argparse.Namespace) -> list[str]:
@@ -320,10 +337,30 @@ def _method_overrides(args: argparse.Namespace) -> list[str]:
     return args.set + [f"{key}={value}" for key, value in pairs if value]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A sub-command's parser, its help showing defaults (and its own sub-commands' alike)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"formatter_class": _DefaultsShown, **kwargs})
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one and the text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        return f"{text} (default: {shown})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = argparse.ArgumentParser(prog="dpsynth", description="Differentially private image synthesis.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="dpsynth", description="Differentially private image synthesis.",
+                                     formatter_class=_DefaultsShown)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     data = commands.add_parser("data", help="list datasets or describe one").add_subparsers(
         dest="data_command", required=True)
@@ -344,22 +381,22 @@ def build_parser() -> argparse.ArgumentParser:
                                "to start its runs from (--init-from); default: an unconditional model for PE")
     pretrain.add_argument("--preset", help="with --for: the preset whose model to shape (default the method's)")
     pretrain.add_argument("--iterations", type=int, default=PretrainSettings.iterations, help="Adam steps")
-    pretrain.add_argument("--batch-size", type=int, default=PretrainSettings.batch_size)
-    pretrain.add_argument("--lr", type=float, default=PretrainSettings.lr)
+    pretrain.add_argument("--batch-size", type=int, default=PretrainSettings.batch_size, help="images per step")
+    pretrain.add_argument("--lr", type=float, default=PretrainSettings.lr, help="Adam's learning rate")
     pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(pretrain)
     pretrain.set_defaults(handler=_pretrain)
 
     privacy = commands.add_parser("privacy", help="plan a run's privacy budget (reads only the data's size)")
     privacy.add_argument("method", help=f"one of: {', '.join(sorted(METHODS))}")
-    _add_method_options(privacy)
+    _add_method_options(privacy, "target epsilon of the whole run (default: 10)")
     privacy.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     privacy.set_defaults(handler=_privacy)
 
     run = commands.add_parser("run", help="train a method on a private dataset and release synthetic images")
     run.add_argument("method", nargs="?", help=f"one of: {', '.join(sorted(METHODS))}")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a crashed or stopped run")
-    _add_method_options(run)
+    _add_method_options(run, "target epsilon of the whole release (required: no default)")
     run.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     run.add_argument("--nproc", type=int, default=1, metavar="N",
                      help="run in N processes on this machine (one per GPU; gloo on the CPU) through torchrun")
@@ -378,9 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="run methods x datasets x epsilons alike and tabulate the results")
     bench.add_argument("--methods", nargs="+", required=True, help=f"all, or some of: {', '.join(sorted(METHODS))}")
-    bench.add_argument("--datasets", nargs="+", default=["fashion-mnist"])
+    bench.add_argument("--datasets", nargs="+", default=["fashion-mnist"], help="dataset names")
     bench.add_argument("--epsilons", nargs="+", type=float, required=True, help="target epsilons")
-    bench.add_argument("--preset", help="configuration preset of every run (cpu or paper)")
+    bench.add_argument("--preset", default="cpu", help="configuration preset of every run: cpu or paper (fixed, so "
+                                                       "cells compare alike) or auto (sized to this machine)")
     bench.add_argument("--out", default="bench", help="bench directory; rerun with the same options to resume")
     bench.add_argument("--data-dir", help="directory (or .npz file) of the one dataset")
     bench.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
@@ -403,8 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests)")
     audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM", help="all, or names from the table it prints")
     audit.add_argument("--trials", type=int, default=20_000, help="runs with and without the canary, each")
-    audit.add_argument("--delta", type=float, default=1e-5)
-    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--delta", type=float, default=1e-5, help="the delta at which each lower bound on epsilon "
+                                                                  "is computed")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the audit's trials (an audit is public: it "
+                                                           "runs the mechanisms on canaries, not on private data)")
     audit.set_defaults(handler=_audit)
     return parser
 

@@ -21,13 +21,19 @@ BASE_CONFIG: Config = {
         "val_size": None,
         "test_size": None,
         "split_seed": 0,
-        "resolution": 32,
-        "channels": 3,
+        "resolution": "auto",  # a folder's follow its images; generated sets (glyphs, photo-patches) are 32 x 32 RGB
+        "channels": "auto",
         "num_classes": None,
         "num_images": None,
     },
+    # max_images_per_group: with groups (one person's images), the most of a group's images a DP-SGD step reads
+    # (the group's mean gradient is clipped, so the bound holds for any number; this caps the work).
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld", "dataset_size": "auto",
-                "noisy_dataset_size": None},
+                "noisy_dataset_size": None, "max_images_per_group": 16},
+    # --preset auto: the time budget of the whole run; what the user set (kept), the base preset, the probe's
+    # measurements, the decisions and the expected seconds of each phase (written by dpsynth.autoplan).
+    "plan": {"time_budget": "30m", "user_keys": [], "base": None, "probe": None, "decisions": None,
+             "expected_seconds": None},
     "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},
     "sampling": {"num_samples": 60000, "batch_size": 500, "bf16": "auto", "compile": "auto"},
     "evaluation": {

@@ -28,9 +28,10 @@ from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
-from .pipeline import execute, pick_device, resume
+from .pipeline import execute, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
 from .runs import LOG, PRIVACY, SYNTHETIC, Checkpoint, RunDirectory
+from .utils.device import pick_device
 
 DATASET, EPSILON = "digits", 8.0
 _UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]

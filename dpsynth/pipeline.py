@@ -18,8 +18,10 @@ from .api import (
     PrivacyWarning,
     check_stored_config,
     dataset_from_config,
+    format_derived_plan,
     noisy_total,
     plan_budget_for,
+    planned_config,
     resolve_delta,
     with_public_size,
 )
@@ -45,33 +47,30 @@ from .privacy import (
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .report import write_run_report
 from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
+from .utils.device import pick_device
 
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto`` is CUDA when present, else the CPU; ``cpu`` / ``cuda[:N]`` as given."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r}; use auto, cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device: cuda requested but no CUDA device is available")
-    return device
 
 
 def start(config: Config) -> RunDirectory:
     """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
     for ``config`` and execute it (on every process torchrun started; rank 0 creates the directory)."""
+    device = pick_device(config["run"]["device"])
     dataset = dataset_from_config(config)
+    world = World.from_environment(device)
+    if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
+        config, dataset = planned_config(config, dataset, world.device(device), draw_size=True)
+    config = world.broadcast_object(config if world.is_main else None)
+    dataset = with_public_size(config, dataset)
     budget = plan_budget_for(config, dataset.info)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
-    world = World.from_environment(pick_device(config["run"]["device"]))
     path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
     if world.is_main:
         print(f"run directory: {path}")
+        if dataset.info.shape_decision:
+            print(f"{dataset.info.name} read at {dataset.info.shape_decision}")
+        if config["plan"].get("decisions"):
+            print(format_derived_plan(config), flush=True)
     return execute(RunDirectory(path), dataset, budget, world)
 
 
@@ -187,9 +186,11 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     governor = thread_governor(config["run"]["threads"])
     if world.is_main:
         run.record_hardware(hardware_choices(config, device))
+        _log_groups(run, dataset, config)
     context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
                          generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
-                         world=world, governor=governor, settings=settings)
+                         world=world, governor=governor, settings=settings,
+                         group_cap=config["privacy"].get("max_images_per_group", 16))
     method.fit(context)
     return method, context, budget
 
@@ -308,6 +309,24 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
     return metrics, out
 
 
+def _log_groups(run: RunDirectory, dataset: Dataset, config: Config) -> None:
+    """With groups: how many the training split has and how many hold more images than a step reads (private)."""
+    groups = dataset.train.groups
+    if groups is None:
+        return
+    sizes = torch.bincount(torch.unique(groups, return_inverse=True)[1])
+    cap = config["privacy"].get("max_images_per_group", 16)
+    run.log("groups", train_groups=len(sizes), largest=int(sizes.max()), capped=int((sizes > cap).sum()), cap=cap)
+
+
+def _unit(info: DatasetInfo, config: Config) -> str:
+    """What one record is, in words: an image, or a group of images (dataset_size then counts groups)."""
+    if info.unit == "image":
+        return "one image"
+    cap = config["privacy"].get("max_images_per_group", 16)
+    return f"one group of images (a person, say): each DP-SGD step reads at most {cap} of a group's images"
+
+
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,
                     info: DatasetInfo, method: Method, config: Config) -> dict[str, Any]:
     """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover
@@ -318,7 +337,8 @@ def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float,
         raise PrivacyError("the training set's size is not public (no published, declared or noisy size): it "
                            "cannot be shown in a release; nothing is released")
     seeded = "user-set" if config["run"]["seed"] is not None else "secret"
-    size = {"neighbouring": NEIGHBOURING, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule}
+    size = {"neighbouring": NEIGHBOURING, "unit": _unit(info, config), "dataset_size": info.num_train,
+            "dataset_size_rule": info.size_rule}
     report = {**ledger_report(ledger, accountant, delta), "noise_seed": seeded}
     if not report["dp_guarantee"]:  # allowed by run.allow_non_private when planned
         unprotected = ", ".join(non_private_stages(ledger.stages()))

@@ -96,8 +96,8 @@ def _privacy_section(privacy: dict[str, Any], evaluation: dict[str, Any] | None)
     if privacy["dp_guarantee"]:
         parts.append(f'<p class="guarantee">({_text("ε, δ")})-differential privacy with ε = '
                      f'<strong id="epsilon">{privacy["epsilon"]:.4f}</strong> (target {privacy["target_epsilon"]:g}), '
-                     f'δ = {privacy["delta"]:.3g}, for adding or removing one record of the training images '
-                     f'({_size(privacy)}); accountant {_text(privacy["accountant"])}.</p>')
+                     f'δ = {privacy["delta"]:.3g}, for adding or removing {_text(privacy.get("unit", "one image"))} '
+                     f'of the training data ({_size(privacy)}); accountant {_text(privacy["accountant"])}.</p>')
     else:
         parts.append(f'<p class="warning">NO differential-privacy guarantee: ε = <strong id="epsilon">none</strong>. '
                      f'{_text(privacy["no_guarantee"])}</p>')

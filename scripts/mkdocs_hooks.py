@@ -8,7 +8,9 @@ drift from them.
 - ``<!-- bench: DIR METHOD EPSILON KEY -->``: one number of that record (a results.csv column, e.g.
   ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it;
 - ``<!-- frontier: DIR [DIR ...] -->``: the accuracy / FID-inf against synthesis hours table of those records'
-  finished cells, with the one machine that measured them.
+  finished cells, with the one machine that measured them;
+- ``<!-- plans: DIR -->``: the derived plans measured in ``benchmarks/results/DIR`` (``benchmarks/plan-run.sh``),
+  expected against measured time.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpsynth.bench import frontier, record
+from dpsynth.bench import frontier, plans, record
 from dpsynth.config_reference import config_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
 BENCH = re.compile(r"<!-- bench: ([a-z0-9._/-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
 FRONTIER = re.compile(r"<!-- frontier: ([a-z0-9._/ -]+) -->")
+PLANS = re.compile(r"<!-- plans: ([a-z0-9._/-]+) -->")
 
 
 def bench_marker(match: re.Match[str]) -> str:
@@ -38,4 +41,5 @@ def frontier_marker(match: re.Match[str]) -> str:
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
     markdown = CONFIG.sub(lambda match: config_table(match.group(1)), markdown)
+    markdown = PLANS.sub(lambda match: plans.table(RESULTS / match.group(1)), markdown)
     return FRONTIER.sub(frontier_marker, BENCH.sub(bench_marker, markdown))

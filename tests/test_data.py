@@ -11,6 +11,7 @@ import torch
 from conftest import idx_bytes, write_idx_set
 from PIL import Image
 
+from dpsynth.cli import main
 from dpsynth.data import DATASETS, load_dataset
 from dpsynth.errors import DataError
 
@@ -257,3 +258,36 @@ def test_split_sizes_validated():
         load_dataset("digits", val_size=1000, test_size=1000)
     with pytest.raises(DataError, match="fraction must lie in"):
         load_dataset("digits", val_size=1.5)
+
+
+def write_scans(root: Path, size: tuple[int, int], colour_in: int | None = None) -> None:
+    """Two class folders of 5 grey images of ``size`` (width, height), saved as RGB; image ``colour_in`` coloured."""
+    rng = np.random.default_rng(0)
+    for name in ("scans-a", "scans-b"):
+        (root / name).mkdir(parents=True)
+        for i in range(5):
+            pixels = np.repeat(rng.integers(0, 256, (size[1] + i, size[0], 1), dtype=np.uint8), 3, axis=2)
+            if i == colour_in:
+                pixels[..., 0] = 255 - pixels[..., 0]
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+
+
+@pytest.mark.parametrize("size, colour_in, shape", [((100, 80), None, (1, 64, 64)), ((100, 80), 3, (3, 64, 64)),
+                                                    ((20, 20), None, (1, 28, 28)), ((900, 700), None, (1, 128, 128))])
+def test_a_folder_is_read_at_the_shape_of_its_images(tmp_path, size, colour_in, shape):
+    write_scans(tmp_path, size, colour_in)
+    dataset = load_dataset("folder", tmp_path, val_size=1, test_size=1)
+    assert dataset.info.shape == shape
+    decision = dataset.info.shape_decision
+    assert f"resolution {shape[1]} (the images' median short side is" in decision
+    assert ("1 channel (every image is grey)" if shape[0] == 1 else "3 channels (some images have colour)") in decision
+    fixed = load_dataset("folder", tmp_path, resolution=16, channels=3, val_size=1, test_size=1)
+    assert fixed.info.shape == (3, 16, 16) and fixed.info.shape_decision is None
+
+
+def test_data_info_shows_the_folder_decision(tmp_path, capsys):
+    write_scans(tmp_path, (100, 80))
+    assert main(["data", "info", "folder", "--data-dir", str(tmp_path), "--set", "dataset.val_size=1",
+                 "--set", "dataset.test_size=1"]) == 0
+    out = capsys.readouterr().out
+    assert "shape:    1 x 64 x 64" in out and "decided:  resolution 64" in out and "every image is grey" in out

@@ -11,17 +11,24 @@ from ..errors import DataError
 
 @dataclass(frozen=True)
 class ImageSet:
-    """Images as float32 N x C x H x W in [0, 1] with int64 labels."""
+    """Images as float32 N x C x H x W in [0, 1] with int64 labels, and each image's group (the person it is of;
+    int64 ids) where the data has groups."""
 
     images: torch.Tensor
     labels: torch.Tensor
+    groups: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def subset(self, index: torch.Tensor) -> ImageSet:
-        """The images and labels at ``index``."""
-        return ImageSet(self.images[index], self.labels[index])
+        """The images, labels and groups at ``index``."""
+        return ImageSet(self.images[index], self.labels[index], None if self.groups is None else self.groups[index])
+
+    @property
+    def num_units(self) -> int:
+        """The records that privacy protects: groups where the set has them, else images."""
+        return len(self) if self.groups is None else int(self.groups.unique().numel())
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,8 @@ class RawDataset:
     source: str
     test_images: np.ndarray | None = None
     test_labels: np.ndarray | None = None
+    shape_decision: str | None = None  # how a loader chose the channels and size it read the images at
+    groups: np.ndarray | None = None  # each image's group (int64 ids), where the data names them
 
 
 # How the training split's size used for planning became public (:attr:`DatasetInfo.size_rule`).
@@ -48,6 +57,8 @@ class DatasetInfo:
     that planning uses (sample rates, steps, delta, the divisors of noisy sums) and a release may show, and
     ``size_rule`` says how it became public (:data:`SIZE_RULES`); ``"private"`` while it has not (own data before a
     run draws a noisy count). ``official_test`` says whether the test split is the dataset's own test part.
+    ``shape_decision``: how the channels and size were chosen from the images, where the loader chose them.
+    With groups (``group_counts``), the unit of privacy is one group: N and every size rule count groups.
     """
 
     name: str
@@ -60,6 +71,8 @@ class DatasetInfo:
     public_train: int | None = None
     size_rule: str = "private"
     official_test: bool = False
+    shape_decision: str | None = None
+    group_counts: dict[str, int] | None = None  # groups per split, where the data has groups (private, as sizes)
 
     @property
     def num_classes(self) -> int:
@@ -70,10 +83,19 @@ class DatasetInfo:
         return (self.channels, self.height, self.width)
 
     @property
+    def unit_counts(self) -> dict[str, int]:
+        """The exact number of privacy units per split: groups where the data has them, else images."""
+        return self.group_counts if self.group_counts is not None else self.split_sizes
+
+    @property
+    def unit(self) -> str:
+        return "group" if self.group_counts is not None else "image"
+
+    @property
     def num_train(self) -> int:
-        """N, the training split's size for planning: the public one when there is one, else (``size_rule``
-        private, never released) the exact count."""
-        return self.public_train if self.public_train is not None else self.split_sizes["train"]
+        """N, the training split's number of units for planning: the public one when there is one, else
+        (``size_rule`` private, never released) the exact count."""
+        return self.public_train if self.public_train is not None else self.unit_counts["train"]
 
 
 @dataclass(frozen=True)
@@ -92,11 +114,12 @@ class Dataset:
         return getattr(self, name)
 
 
-def to_image_set(images: np.ndarray, labels: np.ndarray) -> ImageSet:
-    """Convert uint8 N x C x H x W images and integer labels to tensors."""
+def to_image_set(images: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = None) -> ImageSet:
+    """Convert uint8 N x C x H x W images, integer labels and group ids to tensors."""
     return ImageSet(
         torch.from_numpy(np.array(images, dtype=np.float32)).div_(255.0),
         torch.from_numpy(np.asarray(labels, dtype=np.int64)),
+        None if groups is None else torch.from_numpy(np.asarray(groups, dtype=np.int64)),
     )
 
 

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import DataError
@@ -101,30 +102,43 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
                   published_size: int | None = None) -> Dataset:
     """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any.
     When the training part holds ``published_size`` images (the standard set as published), the training split's
-    size follows from public numbers alone and is the public one."""
-    total = len(raw.labels)
+    size follows from public numbers alone and is the public one. With groups, whole groups are split (the sizes
+    count groups), so no group has images on two sides."""
     official_test = raw.test_images is not None
+    units = raw.groups if raw.groups is not None else np.arange(len(raw.labels))
+    ids, members = np.unique(units, return_inverse=True)
+    total = len(ids)
     n_train = train_size(total, val_size, test_size, official_test, name)
     n_val = _count(val_size, total, "val_size")
-    n_test = total - n_train - n_val
     order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
-    everything = to_image_set(raw.images, raw.labels)
-    val = everything.subset(order[:n_val])
+    side = torch.empty(total, dtype=torch.long)  # 0 train, 1 val, 2 test, per unit
+    side[order[:n_val]], side[order[n_val:total - n_train]], side[order[total - n_train:]] = 1, 2, 0
+    per_image = side[torch.from_numpy(members)]
+    everything = to_image_set(raw.images, raw.labels, raw.groups)
+    val = everything.subset(_images_of(per_image, 1, order))
     if raw.test_images is not None and raw.test_labels is not None:
         test = to_image_set(raw.test_images, raw.test_labels)
     else:
-        test = everything.subset(order[n_val:n_val + n_test])
-    train = everything.subset(order[n_val + n_test:])
+        test = everything.subset(_images_of(per_image, 2, order))
+    train = everything.subset(_images_of(per_image, 0, order))
     _, channels, height, width = raw.images.shape
     if raw.test_images is not None and raw.test_images.shape[1:] != raw.images.shape[1:]:
         raise DataError(f"dataset {name!r}: test images {raw.test_images.shape[1:]} differ from "
                         f"training images {raw.images.shape[1:]}")
     sizes = {"train": len(train), "val": len(val), "test": len(test)}
-    published = total == published_size
+    groups = None if raw.groups is None else {"train": n_train, "val": n_val, "test": total - n_train - n_val}
+    published = len(raw.labels) == published_size and raw.groups is None
     info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes,
                        public_train=n_train if published else None, size_rule="published" if published else "private",
-                       official_test=official_test)
+                       official_test=official_test, shape_decision=raw.shape_decision, group_counts=groups)
     return Dataset(info, train, val, test)
+
+
+def _images_of(per_image: torch.Tensor, side: int, order: torch.Tensor) -> torch.Tensor:
+    """The indices of the images on ``side``; without groups, in the seeded order of the units (as before groups
+    existed, so a split is the same as it was)."""
+    chosen = per_image == side
+    return order[chosen[order]] if len(per_image) == len(order) else chosen.nonzero().flatten()
 
 
 def load_dataset(
@@ -134,13 +148,14 @@ def load_dataset(
     val_size: SplitSize | None = None,
     test_size: SplitSize | None = None,
     split_seed: int = 0,
-    resolution: int = 32,
-    channels: int = 3,
+    resolution: int | str = "auto",
+    channels: int | str = "auto",
     num_classes: int | None = None,
     num_images: int | None = None,
 ) -> Dataset:
     """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's;
-    ``num_classes`` for an npz file without class names; ``num_images`` for a generated set)."""
+    ``num_classes`` for an npz file without class names; ``num_images`` for a generated set; ``resolution`` and
+    ``channels`` of a folder or a generated set, ``auto`` as the source decides)."""
     source = get_source(name)
     options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
                           num_images)

@@ -1,6 +1,7 @@
 """Loaders that read each supported dataset format from disk into a RawDataset."""
 from __future__ import annotations
 
+import csv
 import importlib.util
 import io
 import pickle
@@ -23,6 +24,10 @@ FASHION_MNIST_CLASSES = [
 ]
 DIGIT_CLASSES = [str(d) for d in range(10)]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+AUTO, GENERATED_SIDE = "auto", 32
+# The resolutions a folder is read at when dataset.resolution is auto: the largest not above the images' median
+# short side (the smallest where they are smaller); above the last, set dataset.resolution yourself.
+FOLDER_SIDES = (28, 32, 64, 128)
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -31,10 +36,18 @@ class LoadOptions:
     """Where and how to read a dataset."""
 
     data_dir: Path | None = None
-    resolution: int = 32
-    channels: int = 3
+    resolution: int | str = AUTO
+    channels: int | str = AUTO
     num_classes: int | None = None
     num_images: int | None = None
+
+    def side(self) -> int:
+        """The resolution of a generated set: as set, 32 for ``auto``."""
+        return GENERATED_SIDE if self.resolution == AUTO else int(self.resolution)
+
+    def depth(self) -> int:
+        """The channels of a generated set: as set, 3 for ``auto``."""
+        return 3 if self.channels == AUTO else int(self.channels)
 
 
 def _require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
@@ -138,8 +151,8 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
     photos = [Image.fromarray(image) for image in bunch.images]
     rng = np.random.default_rng(0)
     sources = rng.integers(len(photos), size=PHOTO_PATCHES)
-    size = (options.resolution, options.resolution)
-    images = np.empty((PHOTO_PATCHES, options.resolution, options.resolution, 3), dtype=np.uint8)
+    size = (options.side(), options.side())
+    images = np.empty((PHOTO_PATCHES, options.side(), options.side(), 3), dtype=np.uint8)
     for index, source in enumerate(sources):
         photo = photos[source]
         side = int(rng.integers(PHOTO_PATCH_SIDES[0], PHOTO_PATCH_SIDES[1] + 1))
@@ -147,7 +160,7 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
         patch = photo.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + side, top + side))
         images[index] = patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else patch
     names = [Path(name).stem for name in bunch.filenames]
-    if options.channels == 1:
+    if options.depth() == 1:
         images = images.mean(axis=3, keepdims=True).round().astype(np.uint8)
     return RawDataset(images.transpose(0, 3, 1, 2), sources.astype(np.int64), names,
                       "sklearn.datasets.load_sample_images (random crops)")
@@ -162,7 +175,7 @@ def load_glyphs(options: LoadOptions) -> RawDataset:
         raise DataError(f"dataset.num_images: glyphs needs a whole number >= {len(GLYPH_CLASSES)} (one per class), "
                         f"got {options.num_images!r}")
     fonts = find_fonts(setting="dataset 'glyphs'")
-    images, labels = render_glyphs(-(-total // len(GLYPH_CLASSES)), options.resolution, fonts)
+    images, labels = render_glyphs(-(-total // len(GLYPH_CLASSES)), options.side(), fonts)
     return RawDataset(images[:total], labels[:total], list(GLYPH_CLASSES),
                       f"rendered from {len(fonts)} fonts under {', '.join(DEFAULT_FONT_DIRS)}")
 
@@ -238,24 +251,82 @@ def _load_image(path: Path, resolution: int, channels: int) -> np.ndarray:
 
 
 def load_folder(options: LoadOptions) -> RawDataset:
-    """One sub-folder per class of image files, resized and centre-cropped to a square resolution."""
+    """One sub-folder per class of image files, resized and centre-cropped to a square resolution; with ``auto``
+    channels, grey (one channel) when every image is, and with ``auto`` resolution, :func:`folder_side`."""
     hint = "a directory with one sub-folder of images per class"
     root = _require_dir(options.data_dir, "folder", hint)
-    if options.channels not in (1, 3):
-        raise DataError(f"dataset 'folder': channels must be 1 (grayscale) or 3 (RGB), got {options.channels}")
-    if options.resolution < 1:
-        raise DataError(f"dataset 'folder': resolution must be a positive integer, got {options.resolution}")
+    if options.channels not in (1, 3, AUTO):
+        raise DataError(f"dataset 'folder': channels must be 1 (grayscale), 3 (RGB) or auto, got {options.channels}")
+    if options.resolution != AUTO and (not isinstance(options.resolution, int) or options.resolution < 1):
+        raise DataError(f"dataset 'folder': resolution must be a positive integer or auto, got {options.resolution}")
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         raise DataError(f"{root}: no class sub-folders found ({hint})")
-    images, labels = [], []
+    files, labels = [], []
     for label, class_dir in enumerate(class_dirs):
-        files = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
+        found = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
             raise DataError(f"{class_dir}: class folder holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        images += [_load_image(path, options.resolution, options.channels) for path in files]
-        labels += [label] * len(files)
-    return RawDataset(np.stack(images), np.asarray(labels, dtype=np.int64), [p.name for p in class_dirs], str(root))
+        files += found
+        labels += [label] * len(found)
+    decisions = []
+    side = options.resolution
+    if side == AUTO:
+        side, why = folder_side([_image_size(path) for path in files])
+        decisions.append(f"resolution {side} ({why}; dataset.resolution sets another)")
+    channels = 3 if options.channels == AUTO else int(options.channels)
+    images = np.stack([_load_image(path, int(side), channels) for path in files])
+    if options.channels == AUTO:
+        grey = bool((images[:, :1] == images[:, 1:]).all())
+        images = images[:, :1] if grey else images
+        decisions.append(f"{'1 channel (every image is grey)' if grey else '3 channels (some images have colour)'}"
+                         "; dataset.channels sets them")
+    return RawDataset(images, np.asarray(labels, dtype=np.int64), [p.name for p in class_dirs], str(root),
+                      shape_decision="; ".join(decisions) or None, groups=folder_groups(root, files))
+
+
+GROUPS_CSV = "groups.csv"
+
+
+def folder_groups(root: Path, files: list[Path]) -> np.ndarray | None:
+    """Each file's group from ``root/groups.csv`` (columns ``file`` and ``group``; files relative to ``root``, as
+    ``class/name.png``), or None without that file; DataError naming a file it does not list, or lists twice."""
+    path = root / GROUPS_CSV
+    if not path.exists():
+        return None
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {"file", "group"} <= set(reader.fieldnames):
+            raise DataError(f"{path}: expected a header with columns file,group (found {reader.fieldnames})")
+        listed: dict[str, str] = {}
+        for row in reader:
+            if row["file"] in listed:
+                raise DataError(f"{path}: {row['file']} is listed twice")
+            listed[row["file"]] = row["group"]
+    names = [file.relative_to(root).as_posix() for file in files]
+    unlisted = [name for name in names if name not in listed]
+    if unlisted:
+        raise DataError(f"{path}: no group for {len(unlisted)} image(s), e.g. {unlisted[0]}; every image needs one")
+    return _group_ids(np.array([listed[name] for name in names]), len(names), str(path))
+
+
+def folder_side(sizes: list[tuple[int, int]]) -> tuple[int, str]:
+    """The resolution of :data:`FOLDER_SIDES` a folder of images of ``sizes`` (width, height) is read at, and why."""
+    short = sorted(min(size) for size in sizes)[len(sizes) // 2]
+    fitting = [side for side in FOLDER_SIDES if side <= short]
+    side = fitting[-1] if fitting else FOLDER_SIDES[0]
+    return side, f"the images' median short side is {short} px"
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of an image file, from its header."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            return opened.size
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable image file ({exc})") from None
 
 
 def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:
@@ -307,4 +378,14 @@ def load_npz(options: LoadOptions) -> RawDataset:
         raise DataError(f"{path}: 'class_names' names {len(class_names)} classes but dataset.num_classes is "
                         f"{options.num_classes}")
     check_images_labels(images, labels.astype(np.int64), len(class_names), str(path))
-    return RawDataset(images, labels.astype(np.int64), class_names, str(path))
+    groups = _group_ids(arrays["groups"], len(labels), f"{path}: 'groups'") if "groups" in arrays else None
+    return RawDataset(images, labels.astype(np.int64), class_names, str(path), groups=groups)
+
+
+def _group_ids(groups: np.ndarray, count: int, where: str) -> np.ndarray:
+    """Dense int64 ids of a 1-D array of ``count`` group names (integers or strings); DataError naming ``where``."""
+    if groups.ndim != 1 or len(groups) != count:
+        raise DataError(f"{where} must give one group per image ({count}), found shape {groups.shape}")
+    if not (np.issubdtype(groups.dtype, np.integer) or np.issubdtype(groups.dtype, np.str_)):
+        raise DataError(f"{where} must hold integer or string ids, found {groups.dtype}")
+    return np.unique(groups, return_inverse=True)[1].astype(np.int64)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -66,11 +67,13 @@ class InceptionFeatures:
 
     def __init__(self, device: torch.device | str = "cpu", fast: bool = True, batch_size: int = 50) -> None:
         self.device, self.fast, self.batch_size = torch.device(device), fast, batch_size
-        model = torch.jit.load(str(_verified(inception_path())), map_location=self.device).eval()
         self.dtype = torch.bfloat16 if fast else torch.float32
-        if fast:
-            model = torch.jit.freeze(model.to(self.dtype))
-            model = torch.jit.optimize_for_inference(model) if self.device.type == "cpu" else model
+        with warnings.catch_warnings():  # torch deprecates TorchScript, the format the TF-FID network ships in
+            warnings.simplefilter("ignore", DeprecationWarning)
+            model = torch.jit.load(str(_verified(inception_path())), map_location=self.device).eval()
+            if fast:
+                model = torch.jit.freeze(model.to(self.dtype))
+                model = torch.jit.optimize_for_inference(model) if self.device.type == "cpu" else model
         self.model = model
         self.preprocessing = PREPROCESSING + ("-bf16" if fast else "")
 

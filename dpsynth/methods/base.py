@@ -9,6 +9,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
+from ..autoplan.probe import Probes
 from ..config import Config
 from ..data import Dataset, DatasetInfo, ImageSet
 from ..distributed import World
@@ -58,6 +59,7 @@ class RunContext:
     governor: ThreadGovernor | None = None
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
     settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
+    group_cap: int = 16  # privacy.max_images_per_group: a group's images a DP-SGD step reads, at most
 
     released_values: dict[str, Any] = field(init=False)
     _random_continued: bool = field(init=False, default=False)
@@ -228,26 +230,36 @@ class Method(ABC):
     Subclasses set ``name``, ``description``, ``sections`` (their config sections with defaults) and
     ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when ``generate`` returns soft
     labels, ``needs_public_model`` when it cannot run without ``model.init_from`` (the bench then pre-trains one),
-    and register with :func:`register`.
+    and register with :func:`register`. The derived preset (``auto``, :mod:`dpsynth.autoplan`) sizes the
+    ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     sections: ClassVar[dict[str, dict[str, Any]]]
     presets: ClassVar[dict[str, dict[str, Any]]]
-    default_preset: ClassVar[str] = "cpu"
+    default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)
     releases_soft_labels: ClassVar[bool] = False
     needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
+    supports_groups: ClassVar[bool] = False  # bounds what one group of images contributes (the data's groups)
+    dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
+    public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
+    unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time
 
     def __init__(self, config: Config) -> None:
         self.config = config
 
     @classmethod
-    def preset(cls, name: str | None) -> tuple[str, dict[str, Any]]:
-        """The preset called ``name`` (the default one for None); ConfigError listing the known ones."""
+    def preset(cls, name: str | None, device: torch.device | None = None) -> tuple[str, dict[str, Any]]:
+        """The preset called ``name`` (the default one for None): for ``auto``, the fixed preset it starts from on
+        ``device`` (default the CPU); ConfigError listing the known ones."""
         name = name or cls.default_preset
+        if name == "auto":
+            from ..autoplan.plan import auto_preset
+
+            return name, auto_preset(cls, device or torch.device("cpu"))
         if name not in cls.presets:
-            raise ConfigError(f"method {cls.name!r} has no preset {name!r}; presets: {', '.join(cls.presets)}")
+            raise ConfigError(f"method {cls.name!r} has no preset {name!r}; presets: auto, {', '.join(cls.presets)}")
         return name, cls.presets[name]
 
     @abstractmethod
@@ -262,6 +274,10 @@ class Method(ABC):
         """Fingerprints (:mod:`dpsynth.data.fingerprints`) of each public image set the method reads, named for
         an error message; checked against every private split before a run starts. None by default."""
         return {}
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """What the planner's probe times on random public tensors of ``shape`` (none by default)."""
+        return Probes({})
 
     def soft_label_temperature(self) -> float:
         """The temperature of the soft labels ``generate`` returns (when it returns any)."""

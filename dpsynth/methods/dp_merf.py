@@ -36,6 +36,7 @@ class DPMERF(Method):
     """Noisy per-class mean random Fourier features (one Gaussian release), a generator matching them."""
 
     name = "dp-merf"
+    unestimated_phases = ("the Fourier features and the generator",)
     description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
     sections = {
         "frequency": {"features": 10000, "bandwidth": 105.0, "seed": 0},

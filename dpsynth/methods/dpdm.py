@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..autoplan.probe import DpsgdProbe, Probes, forward_cost, timed
 from ..config import preset_with, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
@@ -25,6 +26,7 @@ from .base import CPU_PROTOCOL, Method, Release, RunContext, register
 from .training import DpsgdSection, MakeBatch, PrivateTraining
 
 DPSGD_STAGE = "dp-sgd"
+SAMPLING_PROBE_ROWS = 64  # images of the planner's timed sampling call (its cost per image-step is what it measures)
 
 
 @register
@@ -34,6 +36,8 @@ class DPDM(Method):
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
+    dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
+    supports_groups = True  # DP-SGD alone reads the private data
     sections = {
         # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
         # class_start: where the private class rows start when the public classes differ: shared (the null row),
@@ -176,6 +180,50 @@ class DPDM(Method):
             return tuple(to_device(t, device) for t in (train.images[indices], labels, times, noise))
 
         return make_batch
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The UNet's DP-SGD in each DP-SGD section, its sampling calls and its public training, on random tensors."""
+        generator = torch.Generator().manual_seed(0)
+
+        def unet() -> torch.nn.Module:
+            settings = self.unet_settings
+            return build_unet(shape[0], shape[1], num_classes, list(settings.block_channels),
+                              settings.layers_per_block, settings.attention, settings.norm_groups).to(device)
+
+        def make_batch(k: int) -> MakeBatch:
+            def batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
+                images = torch.rand(len(indices), *shape, generator=generator)
+                labels = torch.randint(0, num_classes + 1, (len(indices),), generator=generator)
+                return tuple(t.to(device) for t in (images, labels, times, noise))
+            return batch
+
+        def sampling() -> float:
+            rows = min(self.config["sampling"]["batch_size"], SAMPLING_PROBE_ROWS)
+            images, times, labels = (t.to(device) for t in sampling_inputs(rows, shape, self.diffusion.timesteps))
+            bf16 = resolve_bf16(self.config["sampling"].get("bf16", "auto"), device, "sampling.bf16").value
+            return forward_cost(unet(), [images, times], device, bf16, class_labels=labels)
+
+        def public() -> float:
+            model, rows = unet(), 64
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+            def step() -> None:
+                loss = self.diffusion.example_losses(model, *make_batch(1)(torch.arange(rows))).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            step()
+            return timed(step, device) / rows
+
+        probes = {}
+        for section in self.dpsgd_sections:
+            settings = DpsgdSection.of(self.config, section)
+            bf16 = resolve_bf16(settings.bf16, device, settings.key("bf16")).value
+            probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(settings.noise_multiplicity),
+                                          settings.physical_batch_size, bf16, self.diffusion.example_losses),
+                               settings.noise_multiplicity)
+        return Probes(probes, sampling, public if self.public_sections else None)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         if self.model is None or self.info is None:

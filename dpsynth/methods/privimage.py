@@ -66,6 +66,9 @@ class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
+    supports_groups = False
+    public_sections = ("public_pretrain",)
+    unestimated_phases = ("the semantic query classifier",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
     class_starts: ClassVar[tuple[str, ...]] = ("matched", "shared")
     sections = {

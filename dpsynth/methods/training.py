@@ -11,7 +11,7 @@ from torch import nn
 from ..config import Config, at_least, positive, section_settings
 from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule, PlannedStage
-from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss
+from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss, Groups
 from ..privacy.per_example import BatchLoss
 from ..utils.device import memory_limited_by
 from .base import RunContext
@@ -95,8 +95,11 @@ class PrivateTraining:
             parts["ema"] = self.ema
         resumed = context.resume(self.stage, **parts)
         step = resumed.step if resumed is not None else 0
+        train = context.dataset.train
+        groups = Groups.of(train.groups, context.group_cap) if train.groups is not None else None
         engine = DPSGD(self.model, self.optimizer, self.loss, settings=self.settings,
-                       num_records=len(context.dataset.train), ledger=context.ledger, stage=self.stage,
+                       num_records=len(groups) if groups is not None else len(train), ledger=context.ledger,
+                       stage=self.stage, groups=groups,
                        noise=context.noise, world=context.world, generator=context.generator,
                        example_generator=context.example_generator, batch_loss=self.batch_loss,
                        public_size=context.dataset.info.num_train)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from ..distributed import World
+from ..errors import PrivacyError
 from ..utils.device import bf16_autocast
 from .events import NonPrivateAccess, SubsampledGaussianMechanism
 from .ledger import PrivacyLedger
@@ -63,6 +64,19 @@ def per_example_gradients(
         return loss(lambda *args, **kw: functional_call(model, (p, buffers), args, kw), *example)
 
     return vmap(grad(example_loss), in_dims=(None,) + (0,) * len(batch))(params, *batch)
+
+
+def group_means(grads: Params, segments: torch.Tensor) -> Params:
+    """Per group, the mean of its examples' gradients (``segments``: each example's group, 0 .. G-1)."""
+    first = next(iter(grads.values()))
+    segments = segments.to(first.device)
+    count = int(segments.max()) + 1
+    sizes = torch.bincount(segments, minlength=count).to(first.dtype)
+    means = {}
+    for name, g in grads.items():
+        total = torch.zeros((count, *g.shape[1:]), dtype=g.dtype, device=g.device).index_add_(0, segments, g)
+        means[name] = total / sizes.view(-1, *([1] * (g.dim() - 1)))
+    return means
 
 
 def clipped_sum(grads: Params, clip: float) -> tuple[Params, torch.Tensor]:
@@ -110,6 +124,47 @@ def clip_gradient(x: torch.Tensor, max_norm: float) -> torch.Tensor:
     return _ClipGradient.apply(x, max_norm)
 
 
+@dataclass(frozen=True)
+class Groups:
+    """The training images' groups, for DP-SGD with one group as the unit of privacy: each group's image indices,
+    of which at most ``cap`` enter a step (a random choice when it has more)."""
+
+    members: list[torch.Tensor]
+    cap: int
+
+    @classmethod
+    def of(cls, groups: torch.Tensor, cap: int) -> Groups:
+        """From each image's group id (any integers)."""
+        _, dense = torch.unique(groups, return_inverse=True)
+        order = torch.argsort(dense, stable=True)
+        return cls(list(order.split(torch.bincount(dense).tolist())), cap)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def chunks(self, sampled: torch.Tensor, examples: int, generator: torch.Generator | None
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(image indices, each image's group position in the chunk) of chunks of whole sampled groups, about
+        ``examples`` images each (a group of more than ``examples`` images, capped, makes a chunk alone)."""
+        chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        images: list[torch.Tensor] = []
+        segments: list[torch.Tensor] = []
+        size = 0
+        for group in sampled.tolist():
+            members = self.members[group]
+            if len(members) > self.cap:
+                members = members[torch.randperm(len(members), generator=generator)[:self.cap]]
+            if images and size + len(members) > examples:
+                chunks.append((torch.cat(images), torch.cat(segments)))
+                images, segments, size = [], [], 0
+            segments.append(torch.full((len(members),), len(images), dtype=torch.long))
+            images.append(members)
+            size += len(members)
+        if images:
+            chunks.append((torch.cat(images), torch.cat(segments)))
+        return chunks
+
+
 class DPSGD:
     """Private gradient steps for ``model`` on a private dataset, recorded in ``ledger`` as ``stage``.
 
@@ -120,15 +175,22 @@ class DPSGD:
     ``noise`` (the secret stream) draws the Poisson samples and the Gaussian noise; on several processes it
     must be in the same state on every rank, as must ``generator`` (the shared training generator), from which
     ``example_generator`` is reseeded every step.
+
+    With ``groups`` the records are groups (``num_records`` of them): a step Poisson-samples groups, and each
+    sampled group contributes the mean of its (at most ``groups.cap``) images' gradients, clipped to C: adding or
+    removing a whole group moves the clipped sum by at most C, as one image does without groups.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: ExampleLoss, *,
                  settings: DpsgdSettings, num_records: int, ledger: PrivacyLedger, stage: str,
                  noise: SecretStream, world: World | None = None, generator: torch.Generator | None = None,
                  example_generator: torch.Generator | None = None, batch_loss: BatchLoss | None = None,
-                 public_size: int | None = None) -> None:
+                 public_size: int | None = None, groups: Groups | None = None) -> None:
+        if groups is not None and len(groups) != num_records:
+            raise PrivacyError(f"DP-SGD over groups samples the {len(groups)} groups, not {num_records} records")
         self.model, self.optimizer, self.loss, self.settings = model, optimizer, loss, settings
         self.num_records, self.ledger, self.stage, self.noise = num_records, ledger, stage, noise
+        self.groups = groups
         self.public_size = num_records if public_size is None else public_size
         self.world = world or World()
         self.generator, self.example_generator = generator, example_generator or generator
@@ -152,7 +214,7 @@ class DPSGD:
         total = {n: torch.zeros_like(p) for n, p in detached.items()}
         norm_sum = torch.zeros((), dtype=torch.float64, device=next(iter(detached.values())).device)
         dropped = torch.zeros_like(norm_sum)
-        for chunk in self.world.own(indices).split(s.physical_batch_size):
+        for chunk, segments in self._chunks(self.world.own(indices)):
             batch = make_batch(chunk)
             if self.engine is None:
                 self.engine = self._choose_engine(batch, detached, buffers)
@@ -161,7 +223,8 @@ class DPSGD:
                     grads = self.batched(batch)
                 else:
                     grads = per_example_gradients(self.model, self.loss, detached, buffers, batch)
-            summed, norms = clipped_sum({n: g.float() for n, g in grads.items()}, clip)
+            grads = {n: g.float() for n, g in grads.items()}
+            summed, norms = clipped_sum(grads if segments is None else group_means(grads, segments), clip)
             for name in total:
                 total[name] += summed[name]
             finite = torch.isfinite(norms)
@@ -181,6 +244,14 @@ class DPSGD:
         self.optimizer.zero_grad(set_to_none=True)
         kept = (len(indices) - dropped).clamp(min=1)
         return {"batch": torch.tensor(float(len(indices))), "grad_norm": norm_sum / kept, "nonfinite_dropped": dropped}
+
+    def _chunks(self, indices: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The chunks of the sampled records' examples, with each example's group in the chunk (None without
+        groups); an empty Poisson sample (or a rank's empty share) has none."""
+        size = self.settings.physical_batch_size
+        if self.groups is not None:
+            return list(self.groups.chunks(indices, size, self.example_generator))
+        return [(chunk, None) for chunk in indices.split(size) if len(chunk)]
 
     def _noise(self, std: float) -> Params:
         """N(0, std^2) for every parameter: one draw of the secret stream, one copy to the device."""

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..errors import OutOfMemory
+from ..errors import ConfigError, OutOfMemory
 
 
 def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
@@ -31,3 +31,16 @@ def memory_limited_by(setting: str, value: object, doing: str, retry: str = "dps
         yield
     except torch.OutOfMemoryError:
         raise OutOfMemory(doing, setting, value, retry) from None
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else the CPU; ``cpu`` / ``cuda[:N]`` as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run.device: unknown device {name!r}; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device: cuda requested but no CUDA device is available")
+    return device

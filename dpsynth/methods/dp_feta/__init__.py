@@ -7,6 +7,7 @@ afterwards so the whole run meets the target epsilon (the paper's three-step pro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -50,6 +51,8 @@ class DPFETA(DPDM):
     """Central images (mean or mode) and an augmented non-private warm-up before DPDM's DP-SGD."""
 
     name = "dp-feta"
+    supports_groups = False
+    public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     sections = {
         **DPDM.sections,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...autoplan.probe import DpsgdProbe, Probes
 from ...config import Config, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
@@ -75,6 +76,8 @@ class DPImgSyn(Method):
     """DP teacher + DP GroupNorm statistics; public images aligned to them and released with soft labels."""
 
     name = "dp-imgsyn"
+    dpsgd_sections = ("teacher",)
+    unestimated_phases = ("the DP statistics", "the alignment of public images")
     releases_soft_labels = True
     description = "DP-ImgSyn: public images aligned to a DP teacher's DP statistics, released with soft labels"
     sections = {
@@ -177,6 +180,19 @@ class DPImgSyn(Method):
                         memory_setting=("teacher.physical_batch_size", settings.physical_batch_size)
                         ).run(context, make_batch)
         return weights(teacher)
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The teacher's DP-SGD on random tensors."""
+        settings, generator = self.teacher_settings, torch.Generator().manual_seed(0)
+        teacher = group_norm_resnet(shape[0], num_classes, list(settings.blocks), list(settings.widths),
+                                    settings.groups).to(device).train()
+
+        def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            images = torch.rand(len(indices), *shape, generator=generator) * 2 - 1
+            return images.to(device), torch.randint(0, num_classes, (len(indices),), generator=generator).to(device)
+
+        return Probes({"teacher": (DpsgdProbe(teacher, _example_loss, make_batch, settings.physical_batch_size,
+                                                  False), 1)})
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         if self.alignment_settings.init != "public":

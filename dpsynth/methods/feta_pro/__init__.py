@@ -57,6 +57,8 @@ class FETAPro(DPFETA):
     """Central images and auxiliary-generator images warm up the diffusion model before DP-SGD."""
 
     name = "feta-pro"
+    public_sections = ("warmup", "frequency_warmup")
+    unestimated_phases = ("the auxiliary generator",)
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
     sections = {
         **DPFETA.sections,

@@ -96,6 +96,7 @@ class PrivateEvolution(Method):
     """A population per class evolved by RANDOM_API / VARIATION_API and DP nearest-neighbour histograms."""
 
     name = "pe"
+    unestimated_phases = ("the API's generation and the votes",)
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
     sections = {
         "api": {"name": "drawtext", "characters": "0123456789", "font_dirs": ["/usr/share/fonts/truetype",

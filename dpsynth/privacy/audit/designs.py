@@ -23,7 +23,7 @@ from ...methods.privimage import semantic_histogram
 from ...methods.random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from ...models.classifiers import group_norm_resnet
 from .. import GaussianMechanism, PrivacyLedger
-from ..dpsgd import DPSGD, DpsgdSettings
+from ..dpsgd import DPSGD, DpsgdSettings, Groups
 from ..mechanisms import clip_rows, gaussian_noise, report_noisy_max
 from ..randomness import SecretStream
 from .harness import Trial
@@ -63,6 +63,31 @@ def dpsgd_step() -> Trial:
                        num_records=len(data), ledger=ledger, stage=STAGE, noise=noise)
         engine.step(lambda indices: (data[indices],))
         return -float(model.weight.detach()[0, 0]) * len(data)
+
+    return trial
+
+
+def dpsgd_group_step() -> Trial:
+    """One DP-SGD step over groups (q = 1) on the linear model of :func:`dpsgd_step`: D is groups of zero
+    gradients, the canary a whole group of four images, each with gradient twice the clipping norm along one
+    axis (one person's several images: their mean, clipped, is what the group may move)."""
+    dimension, clip, images = 16, 1.0, 4
+    canary = torch.zeros(images, dimension)
+    canary[:, 0] = 2 * clip
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        data = torch.zeros(2 * RECORDS, dimension)
+        groups = torch.arange(2 * RECORDS) // 2  # RECORDS groups of two images
+        if with_canary:
+            data, groups = torch.cat([data, canary]), torch.cat([groups, torch.full((images,), RECORDS)])
+        units = Groups.of(groups, cap=images)
+        model = nn.Linear(dimension, 1, bias=False)
+        nn.init.zeros_(model.weight)
+        engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                       lambda forward, x: forward(x.unsqueeze(0)).sum(), settings=DpsgdSettings(SIGMA, clip, 1.0, 64),
+                       num_records=len(units), ledger=ledger, stage=STAGE, noise=noise, groups=units)
+        engine.step(lambda indices: (data[indices],))
+        return -float(model.weight.detach()[0, 0]) * len(units)
 
     return trial
 
@@ -214,6 +239,7 @@ def broken_sum() -> Trial:
 
 AUDITS: dict[str, Callable[[], Trial]] = {
     "dp-sgd-step": dpsgd_step,
+    "dp-sgd-group-step": dpsgd_group_step,
     "mean-images": mean_images,
     "mode-images": mode_images,
     "frequency-features": frequency_features,

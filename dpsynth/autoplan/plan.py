@@ -1,0 +1,184 @@
+"""``--preset auto``: a plan derived from the data and the machine, written into the run's config.
+
+The base is the method's ``cpu`` preset on a CPU and its ``paper`` preset (model, noise multiplicity) on a GPU,
+with the accountant left at PLD. :func:`derive_config` probes this device on random public tensors
+(:mod:`dpsynth.autoplan.probe`), sizes the DP-SGD sections and the release to ``plan.time_budget``
+(:mod:`dpsynth.autoplan.rules`) and records the probe, the decisions and the expected seconds of each phase in
+the ``plan`` section; keys the user set (``plan.user_keys``) keep the user's values. The fixed presets stay, and
+:func:`check_preset_fits` refuses one whose batch and epochs do not fit the data.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import torch
+
+from ..config import Config, merge
+from ..data import DatasetInfo
+from ..errors import ConfigError
+from ..hardware import AUTO, resolve_bf16, resolve_compile
+from ..methods import get_method
+from ..methods.base import Method
+from .memory import probe_memory
+from .probe import Throughput, classifier_cost, dpsgd_cost, inception_cost
+from .rules import (
+    AUTO_PRESET,
+    MIN_STEPS,
+    MIN_STEPS_FROM,
+    MethodShape,
+    PlanInputs,
+    derive,
+    dpsgd_steps,
+    estimate_seconds,
+    parse_duration,
+    unet_levels,
+    user_keys_kept,
+)
+
+
+def base_preset(method: type[Method], device: torch.device) -> str:
+    """The fixed preset ``auto`` starts from on ``device``."""
+    return "paper" if device.type == "cuda" and "paper" in method.presets else "cpu"
+
+
+def auto_preset(method: type[Method], device: torch.device) -> dict[str, Any]:
+    """The base preset's values, its accountant left at the default (PLD)."""
+    values = copy.deepcopy(method.presets[base_preset(method, device)])
+    values.get("privacy", {}).pop("accountant", None)
+    return values
+
+
+def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: int = 1) -> PlanInputs:
+    """The public facts a plan reads: N as planning uses it, the shape, the classes; validation and test sizes as
+    published, else estimated as N / 8 each (a private split's exact size must not steer a released setting); with
+    groups, ``images_per_group`` (the cap) images per group."""
+    per_unit = images_per_group if info.unit == "group" else 1
+    sizes = info.split_sizes if info.size_rule == "published" else {"val": info.num_train * per_unit // 8,
+                                                                    "test": info.num_train * per_unit // 8}
+    return PlanInputs(info.num_train, info.shape, info.num_classes, sizes.get("val", 0), sizes.get("test", 0),
+                      str(device), per_unit)
+
+
+def method_shape(method: type[Method]) -> MethodShape:
+    return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels,
+                       method.unestimated_phases)
+
+
+MEASURED: dict[str, Throughput] = {}  # this process's probes, by what they measured
+
+
+def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:
+    """Probe ``device`` for a run of ``config``: its DP-SGD sections, sampling, public training, the evaluation's
+    classifiers and Inception (once per process for the same models, shapes and device)."""
+    cls = type(method)
+    timed = (*cls.dpsgd_sections, *cls.public_sections, "model", "diffusion", "sampling", "evaluation")
+    key = json.dumps([config["method"], inputs.shape, inputs.num_classes, inputs.num_train, str(device),
+                      {name: config[name] for name in timed if name in config}], sort_keys=True)
+    if key not in MEASURED:
+        MEASURED[key] = _probe(method, config, inputs, device)
+    return MEASURED[key]
+
+
+def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:
+    start = time.perf_counter()
+    probes = method.throughput_probes(inputs.shape, inputs.num_classes, device)
+    dpsgd = {section: dpsgd_cost(probe, device, inputs.num_train, rows) for section, (probe, rows)
+             in probes.dpsgd.items()}
+    evaluation = config["evaluation"]
+    enabled = evaluation.get("enabled", True)
+    classifiers = {name: classifier_cost(name, inputs.shape, inputs.num_classes, evaluation["classifier_batch_size"],
+                                         device) for name in (evaluation["classifiers"] if enabled else [])}
+    fast = resolve_bf16(evaluation.get("fast_inception", AUTO), device, "evaluation.fast_inception").value
+    inception = inception_cost(device, fast, evaluation["inception_batch_size"]) if enabled else 0.0
+    return Throughput(str(device), dpsgd, probes.sampling() if probes.sampling else 0.0,
+                      probes.public() if probes.public else 0.0, classifiers, inception,
+                      time.perf_counter() - start)
+
+
+def compiles_sampling(config: Config, device: torch.device) -> bool:
+    """Whether the release's sampler will be compiled (:func:`dpsynth.hardware.resolve_compile`)."""
+    sampling = config["sampling"]
+    bf16 = resolve_bf16(sampling.get("bf16", AUTO), device, "sampling.bf16").value
+    work = sampling["num_samples"] * config.get("diffusion", {}).get("sample_steps", 0)
+    return bool(work) and resolve_compile(sampling.get("compile", AUTO), device, bf16, work).value
+
+
+def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Config:
+    """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``; a
+    config of a fixed preset, checked to fit the data (:func:`check_preset_fits`), unchanged."""
+    if config.get("preset") != AUTO_PRESET:
+        check_preset_fits(config, info)
+        return config
+    if config["plan"].get("probe") is not None:  # derived already
+        return config
+    method_cls = get_method(config["method"])
+    shape = method_shape(method_cls)
+    inputs = plan_inputs(info, device, config["privacy"].get("max_images_per_group", 1))
+    budget, kept = parse_duration(config["plan"]["time_budget"]), config["plan"]["user_keys"]
+    config, decisions = deepened(config, inputs.shape[1], kept)
+    throughput = measure(method_cls(config), config, inputs, device)
+    overrides, sized = derive(config, shape, inputs, throughput, budget, compiles_sampling(config, device), kept)
+    decisions += sized
+    planned = copy.deepcopy(config)
+    merge(planned, user_keys_kept(overrides, kept), "the derived plan")
+    if device.type == "cuda":
+        chunks = user_keys_kept(fitting_chunks(planned, inputs, device, decisions), config["plan"]["user_keys"])
+        merge(planned, chunks, "the derived plan's memory estimate")
+    expected = estimate_seconds(planned, shape, inputs, throughput, compiles_sampling(planned, device))
+    planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
+                           expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
+    return planned
+
+
+def deepened(config: Config, side: int, kept: list[str]) -> tuple[Config, list[str]]:
+    """``config`` with its UNet one level deeper per doubling of the side past 32 (:func:`unet_levels`) unless
+    the user set ``model.block_channels``, and the decision in words."""
+    model = config.get("model", {})
+    if "block_channels" not in model or "model.block_channels" in kept:
+        return config, []
+    widths = unet_levels(model["block_channels"], side)
+    if widths == list(model["block_channels"]):
+        return config, []
+    deeper = copy.deepcopy(config)
+    deeper["model"]["block_channels"] = widths
+    return deeper, [f"UNet widths {widths}: a level per halving of {side} px down to 8 x 8"]
+
+
+def fitting_chunks(config: Config, inputs: PlanInputs, device: torch.device, decisions: list[str]
+                   ) -> dict[str, dict[str, Any]]:
+    """Each DP-SGD section's physical batch: the most examples (at the planned noise multiplicity) whose chunk
+    the memory estimate fits into the card (:mod:`dpsynth.autoplan.memory`), at most the batch."""
+    card = torch.cuda.get_device_properties(device).total_memory
+    probes = get_method(config["method"])(config).throughput_probes(inputs.shape, inputs.num_classes, device)
+    chunks: dict[str, dict[str, Any]] = {}
+    for section, (probe, _) in probes.dpsgd.items():
+        memory = probe_memory(probe)
+        examples = min(memory.largest_fitting(card), config[section]["batch_size"])
+        chunks[section] = {"physical_batch_size": examples}
+        decisions.append(f"{section}: chunks of {examples} examples, estimated {memory.bytes(examples) / 2 ** 30:.1f} "
+                         f"GiB of the card's {card / 2 ** 30:.0f} GiB ({memory.parameters / 1e6:.2f}M parameters)")
+    return chunks
+
+
+def check_preset_fits(config: Config, info: DatasetInfo) -> None:
+    """ConfigError, with the fix, when a fixed preset's own DP-SGD batch exceeds the data or plans fewer than
+    :data:`MIN_STEPS` steps on 500 images or more (a user's own batch and epochs are not second-guessed)."""
+    chosen = config.get("plan", {}).get("user_keys", [])
+    for section in get_method(config["method"]).dpsgd_sections:
+        if f"{section}.batch_size" in chosen or f"{section}.epochs" in chosen:
+            continue
+        batch, steps = config[section]["batch_size"], dpsgd_steps(config, section, info.num_train)
+        fix = (f"use --preset auto (the default), which sizes the batch and steps to the data, or set "
+               f"{section}.batch_size and {section}.epochs")
+        if batch > info.num_train:
+            raise ConfigError(f"preset {config['preset']!r} samples batches of {batch:,} ({section}.batch_size), more "
+                              f"than the {info.num_train:,} training images of {info.name}; {fix}")
+        if info.num_train >= MIN_STEPS_FROM and steps < MIN_STEPS:
+            raise ConfigError(f"preset {config['preset']!r} plans {steps} DP-SGD steps ({section}) on the "
+                              f"{info.num_train:,} training images of {info.name} (batch {batch:,}, "
+                              f"{config[section]['epochs']:g} epochs), too few to train; {fix}")
+
+

@@ -1,0 +1,173 @@
+"""A short throughput probe on public random tensors: what a DP-SGD step, a sampling call, a downstream classifier
+and the Inception network cost on this device, for the planner (:mod:`dpsynth.autoplan.rules`).
+
+Nothing private enters: the probe's images, labels and sampled batches are random, and its DP-SGD noise is drawn
+from a fresh secret stream of its own. Each measurement runs its computation once to warm up (the DP-SGD engine
+chooses its per-example gradients, oneDNN picks kernels), then times it.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models import build_classifier
+from ..privacy import PrivacyLedger
+from ..privacy.dpsgd import DPSGD, DpsgdSettings, ExampleLoss
+from ..privacy.per_example import BatchLoss
+from ..privacy.randomness import SecretStream
+from ..utils.device import bf16_autocast
+
+
+@dataclass(frozen=True)
+class DpsgdProbe:
+    """What one DP-SGD section trains: its model, per-example loss (and batched loss), and ``make_batch(indices)``
+    giving random public tensors shaped as the section's examples."""
+
+    model: nn.Module
+    loss: ExampleLoss
+    make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]
+    physical_batch_size: int
+    bf16: bool
+    batch_loss: BatchLoss | None = None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one DP-SGD step of ``rows`` example rows (examples x noise multiplicity): ``fixed + per_row x
+    rows`` (the noise, the optimiser and the EMA are the fixed part)."""
+
+    fixed: float
+    per_row: float
+
+    def seconds(self, rows: float) -> float:
+        return self.fixed + self.per_row * rows
+
+
+def timed(call: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of ``call()``, waiting for the device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_per_example: int = 1) -> StepCost:
+    """The fixed and per-row seconds of a DP-SGD step over ``num_records`` records: a least-squares line through
+    steps of an eighth of, half and one physical batch (the faster of two steps each, after a warm-up step in
+    which the engine chooses its per-example gradients), their sizes as Poisson sampling drew them. A larger
+    batch runs in more chunks of the same size: its time is extrapolated."""
+    model = probe.model.to(device)
+    physical = probe.physical_batch_size
+    engine = DPSGD(model, torch.optim.Adam(model.parameters(), lr=1e-4), probe.loss,
+                   settings=DpsgdSettings(1.0, 1.0, min(physical / num_records, 1.0), physical, probe.bf16),
+                   num_records=num_records, ledger=PrivacyLedger(), stage="probe", noise=SecretStream.fresh(),
+                   generator=torch.Generator().manual_seed(0), batch_loss=probe.batch_loss)
+    _step(engine, probe, physical, device)
+    measured = []
+    for chunks in (1 / 8, 1 / 2, 1):
+        examples = min(max(1, round(chunks * physical)), num_records)
+        measured.append(min((_step(engine, probe, examples, device) for _ in range(2)),
+                            key=lambda step: step[1] / max(step[0], 1.0)))
+    rows = np.array([examples * rows_per_example for examples, _ in measured])
+    seconds = np.array([seconds for _, seconds in measured])
+    per_row, fixed = np.polyfit(rows, seconds, 1)
+    per_row = max(float(per_row), float(seconds[-1] / rows[-1]) / 4)  # a noisy fit never makes rows free
+    return StepCost(max(float(fixed), 0.0), per_row)
+
+
+def _step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device) -> tuple[float, float]:
+    """The examples Poisson sampling drew for one probe step of expected size ``examples``, and its seconds."""
+    engine.settings = replace(engine.settings, sample_rate=min(examples / engine.num_records, 1.0))
+    stats: dict[str, torch.Tensor] = {}
+    seconds = timed(lambda: stats.update(engine.step(probe.make_batch)), device)
+    return float(stats["batch"]), seconds
+
+
+def forward_cost(model: nn.Module, inputs: Sequence[torch.Tensor], device: torch.device, bf16: bool,
+                 **kwargs: Any) -> float:
+    """Seconds per row of one inference call of ``model`` on ``inputs`` (timed after a warm-up call)."""
+    model = model.to(device).eval()
+    moved = [tensor.to(device) for tensor in inputs]
+    with torch.no_grad(), bf16_autocast(device, bf16):
+        model(*moved, **kwargs)
+        return timed(lambda: model(*moved, **kwargs), device) / len(moved[0])
+
+
+def classifier_cost(name: str, shape: tuple[int, int, int], num_classes: int, batch_size: int,
+                    device: torch.device) -> dict[str, float]:
+    """Seconds per image of training (Adam, one batch) and of testing downstream classifier ``name``."""
+    model = build_classifier(name, shape[0], num_classes).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(batch_size, *shape, generator=generator) * 2 - 1).to(device)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()
+    train = timed(step, device) / batch_size
+    return {"train": train, "test": forward_cost(model, [images], device, False)}
+
+
+def inception_cost(device: torch.device, fast: bool, batch_size: int) -> float:
+    """Seconds per image of the Inception features FID uses (a warm-up batch, then one timed)."""
+    from ..evaluation.inception import InceptionFeatures
+
+    extractor = InceptionFeatures(device, fast, batch_size)
+    images = np.random.default_rng(0).integers(0, 256, (batch_size, 3, 32, 32), dtype=np.uint8)
+    extractor(images)
+    return timed(lambda: extractor(images), device) / batch_size
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What a method lets the probe time: each DP-SGD section (its probe and rows per example), and calls that
+    return the seconds per image-step of sampling and per row of training on public data (None: it has none)."""
+
+    dpsgd: dict[str, tuple[DpsgdProbe, int]]
+    sampling: Callable[[], float] | None = None
+    public: Callable[[], float] | None = None
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What the probe measured on ``device``: each DP-SGD section's step cost, seconds per image-step of sampling
+    and per row of public training, each downstream classifier's seconds per image, Inception's seconds per image
+    and the probe's own seconds."""
+
+    device: str
+    dpsgd: dict[str, StepCost]
+    sample_per_image_step: float
+    public_per_row: float
+    classifiers: dict[str, dict[str, float]]
+    inception_per_image: float
+    probe_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """For config.yaml: plain numbers, rounded to 4 significant digits."""
+        record = asdict(self)
+        return _rounded(record)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Throughput:
+        costs = {name: StepCost(**cost) for name, cost in record["dpsgd"].items()}
+        return cls(**{**record, "dpsgd": costs})
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return float(f"{value:.4g}") if isinstance(value, float) else value

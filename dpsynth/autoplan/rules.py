@@ -1,0 +1,267 @@
+"""The rules of a derived plan (``--preset auto``): how long each phase of a run takes on this device, and the
+batch size, steps, noise multiplicity and release size that fit a time budget.
+
+DP-SGD. The signal-to-noise ratio of a DP-SGD run, sqrt(steps) x batch / sigma, is nearly the same for every batch
+once the calibrated sigma is about 1 or more (at epsilon = 10 and 55,000 images it still grows with the batch; at
+1,437 it is flat from batch 64 on). So the plan spends the time on steps first, up to
+:data:`STEP_TARGET` (Fashion-MNIST's measured `cpu` operating point: 644 steps of 512), then on the batch, up to the
+base preset's batch and a sample rate of :data:`MAX_SAMPLE_RATE`, then (where the base preset has one, on a GPU)
+on the noise multiplicity, then on more steps. It never plans fewer than :data:`MIN_STEPS` steps for 500 images or
+more; a budget too short for them is exceeded, and the plan says by how much.
+
+Release and evaluation get at most :data:`EVALUATION_SHARE` of the budget: the largest of :data:`RELEASE_SIZES`
+that fits, else the smallest.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Config
+from ..errors import ConfigError
+from .probe import StepCost, Throughput
+
+AUTO_PRESET = "auto"
+DEFAULT_BUDGET = "30m"
+STEP_TARGET, MIN_STEPS, MAX_STEPS = 600, 200, 10_000
+MIN_STEPS_FROM = 500  # images from which MIN_STEPS holds
+MAX_SAMPLE_RATE = 0.25
+MIN_BATCH = 16
+EVALUATION_SHARE = 0.4
+RELEASE_SIZES = (20_000, 10_000, 5_000)
+STARTUP_SECONDS = 20.0  # imports, loading the data, checkpoints and the release's files
+EVALUATION_FIXED_SECONDS = 20.0  # FID, FID-infinity, KID, precision / recall and the pictures, past the features
+# Compiling the fp32 CPU sampler (dpsynth.hardware.resolve_compile): 0.51x the eager time after ~40 s.
+COMPILED_SHARE, COMPILE_SECONDS = 0.51, 40.0
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+
+
+def parse_duration(text: str | float | int, key: str = "plan.time_budget") -> float:
+    """Seconds of ``45m``, ``1h30m``, ``90s``, ``2h`` (a bare number: minutes); ConfigError naming ``key``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = 60.0 * float(text)
+    else:
+        match = _DURATION.match(str(text))
+        if not match or not any(match.groups()):
+            raise ConfigError(f"{key} must be a duration such as 45m, 1h30m or 900s, got {text!r}")
+        hours, minutes, secs = (float(part) if part else 0.0 for part in match.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
+    if not seconds > 0:
+        raise ConfigError(f"{key} must be a positive duration, got {text!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan may depend on, all public: the training split's planning size N (public or a noisy count), the
+    image shape, the number of classes, the validation and test sizes the evaluation reads (estimated from N
+    where the sizes are not published) and the device; with groups, the images a step reads of a group at
+    most."""
+
+    num_train: int
+    shape: tuple[int, int, int]
+    num_classes: int
+    num_val: int
+    num_test: int
+    device: str
+    images_per_unit: int = 1  # with groups, the images a step reads of one: privacy.max_images_per_group, a bound
+
+    def cost(self, throughput: Throughput, section: str) -> StepCost:
+        """The step cost of ``section`` per unit (image or group) of a batch."""
+        cost = throughput.dpsgd[section]
+        return StepCost(cost.fixed, cost.per_row * self.images_per_unit)
+
+
+@dataclass(frozen=True)
+class DpsgdSize:
+    """A DP-SGD plan: expected batch, noise multiplicity K and steps."""
+
+    batch_size: int
+    noise_multiplicity: int
+    steps: int
+
+
+def floor_power_of_two(value: float) -> int:
+    return 2 ** int(math.floor(math.log2(value))) if value >= 1 else 1
+
+
+def size_dpsgd(seconds: float, cost: StepCost, num_train: int, batch_cap: int, multiplicity_cap: int,
+               fixed_batch: bool = False) -> DpsgdSize:
+    """Batch, K and steps for ``seconds`` of DP-SGD at ``cost`` (the module docstring's order); with
+    ``fixed_batch``, the batch is ``batch_cap`` and only the steps follow the time."""
+    if fixed_batch:
+        steps = int(seconds / cost.seconds(batch_cap * multiplicity_cap))
+        return DpsgdSize(batch_cap, multiplicity_cap, _with_floor(steps, num_train))
+    largest = max(1, min(batch_cap, floor_power_of_two(num_train * MAX_SAMPLE_RATE)))
+    chosen: DpsgdSize | None = None
+    multiplicity = 1
+    while multiplicity <= multiplicity_cap:
+        per_step = seconds / STEP_TARGET
+        batch = floor_power_of_two(max((per_step - cost.fixed) / (cost.per_row * multiplicity), 1.0))
+        batch = min(max(batch, min(MIN_BATCH, largest)), largest)
+        steps = int(seconds / cost.seconds(batch * multiplicity))
+        if chosen is None or steps >= STEP_TARGET and batch == largest:  # K grows only beside a full batch
+            chosen = DpsgdSize(batch, multiplicity, steps)
+        if batch < largest or steps < STEP_TARGET:
+            break
+        multiplicity *= 2
+    assert chosen is not None
+    return DpsgdSize(chosen.batch_size, chosen.noise_multiplicity, _with_floor(chosen.steps, num_train))
+
+
+def _with_floor(steps: int, num_train: int) -> int:
+    """``steps`` within [:data:`MIN_STEPS` (from :data:`MIN_STEPS_FROM` images on), :data:`MAX_STEPS`]."""
+    return min(max(steps, MIN_STEPS if num_train >= MIN_STEPS_FROM else 1), MAX_STEPS)
+
+
+def dpsgd_steps(config: Config, section: str, num_train: int) -> int:
+    """int(epochs / q) steps of section ``section``, as :class:`~dpsynth.privacy.DpsgdSchedule` counts them."""
+    values = config[section]
+    rate = min(values["batch_size"], num_train) / num_train
+    return max(1, int(values["epochs"] / rate))
+
+
+def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: Throughput) -> float:
+    values = config[section]
+    rows = values["batch_size"] * values.get("noise_multiplicity", 1)
+    return dpsgd_steps(config, section, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
+
+
+def sampling_seconds(config: Config, throughput: Throughput, compiled: bool) -> float:
+    """Seconds to sample the release: images x steps (x 2 under guidance) at the probed rate."""
+    diffusion = config.get("diffusion", {})
+    rows = config["sampling"]["num_samples"] * diffusion.get("sample_steps", 0) * (2 if diffusion.get("guidance")
+                                                                                  else 1)
+    seconds = rows * throughput.sample_per_image_step
+    return COMPILED_SHARE * seconds + COMPILE_SECONDS if compiled and seconds else seconds
+
+
+def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool) -> float:
+    """Seconds of the evaluation: Inception features of both image sets, each classifier's seeds (every epoch
+    trains on the release and tests the validation split; the chosen and the last epoch test the test split) and
+    the fixed part."""
+    evaluation = config["evaluation"]
+    if not evaluation.get("enabled", True):
+        return 0.0
+    split = {"train": inputs.num_train, "val": inputs.num_val, "test": inputs.num_test}[evaluation["real_split"]]
+    images = min(evaluation["num_synthetic"], config["sampling"]["num_samples"]) + min(evaluation["num_real"], split)
+    seconds = throughput.inception_per_image * images
+    epochs = (evaluation.get("soft_label_epochs") if soft_labels else None) or evaluation["classifier_epochs"]
+    released = config["sampling"]["num_samples"]
+    for name in evaluation["classifiers"]:
+        cost = throughput.classifiers[name]
+        one = epochs * (released * cost["train"] + inputs.num_val * cost["test"]) + 2 * inputs.num_test * cost["test"]
+        seconds += evaluation["classifier_seeds"] * one
+    return seconds + EVALUATION_FIXED_SECONDS
+
+
+def public_seconds(config: Config, sections: tuple[str, ...], throughput: Throughput) -> float:
+    """Seconds of training on public data (``iterations`` x ``batch_size`` rows of each section)."""
+    rate = throughput.public_per_row
+    return sum(config[name]["iterations"] * config[name]["batch_size"] * rate for name in sections)
+
+
+@dataclass(frozen=True)
+class MethodShape:
+    """What the plan needs of a method: its DP-SGD sections, its public training sections, whether it releases
+    soft labels, and the phases the probe does not time."""
+
+    dpsgd_sections: tuple[str, ...]
+    public_sections: tuple[str, ...]
+    soft_labels: bool
+    unestimated: tuple[str, ...]
+
+
+def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+                     compiled: bool) -> dict[str, float]:
+    """Expected seconds of each phase of a run of ``config`` (and ``total``)."""
+    phases = {"startup": STARTUP_SECONDS}
+    if method.public_sections:
+        phases["public training"] = public_seconds(config, method.public_sections, throughput)
+    for section in method.dpsgd_sections:
+        phases[f"dp-sgd ({section})"] = dpsgd_seconds(config, section, inputs, throughput)
+    phases["sampling"] = sampling_seconds(config, throughput, compiled)
+    phases["evaluation"] = evaluation_seconds(config, inputs, throughput, method.soft_labels)
+    phases["total"] = sum(phases.values())
+    return phases
+
+
+def _set(overrides: dict[str, dict[str, Any]], key: str, value: Any) -> None:
+    section, name = key.split(".")
+    overrides.setdefault(section, {})[name] = value
+
+
+def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, budget: float,
+           compiled: bool, kept: Sequence[str] = ()) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Overrides of ``config`` (its base preset's values) that fit ``budget`` seconds, and why, in words; the
+    ``kept`` keys (the user's) keep their values and the rest is sized around them."""
+    overrides: dict[str, dict[str, Any]] = {}
+    decisions: list[str] = []
+    trial = {**config, "sampling": dict(config["sampling"])}
+    for size in RELEASE_SIZES if "sampling.num_samples" not in kept else [config["sampling"]["num_samples"]]:
+        trial["sampling"]["num_samples"] = size
+        after = sampling_seconds(trial, throughput, compiled) + evaluation_seconds(trial, inputs, throughput,
+                                                                                  method.soft_labels)
+        if after <= EVALUATION_SHARE * budget:
+            break
+    _set(overrides, "sampling.num_samples", size)
+    decisions.append(f"release {size:,} images: sampling and evaluation {after / 60:.1f} min "
+                     f"({'within' if after <= EVALUATION_SHARE * budget else 'over'} "
+                     f"{EVALUATION_SHARE:.0%} of the budget)")
+    if not method.dpsgd_sections:
+        return overrides, decisions
+    left = budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
+    shares = _section_shares(config, method.dpsgd_sections)
+    for section, share in shares.items():
+        values = config[section]
+        if f"{section}.epochs" in kept:
+            decisions.append(f"{section}: batch and epochs as set")
+            continue
+        seconds = max(left * share, 0.0)
+        fixed_batch = f"{section}.batch_size" in kept
+        cost = inputs.cost(throughput, section)
+        size_ = size_dpsgd(seconds, cost, inputs.num_train, values["batch_size"], values.get("noise_multiplicity", 1),
+                           fixed_batch)
+        epochs = (size_.steps + 0.5) * size_.batch_size / inputs.num_train  # int(epochs / q) is the steps
+        _set(overrides, f"{section}.batch_size", size_.batch_size)
+        _set(overrides, f"{section}.epochs", float(f"{epochs:.6g}"))
+        _set(overrides, f"{section}.physical_batch_size", min(values["physical_batch_size"], size_.batch_size))
+        if "noise_multiplicity" in values:
+            _set(overrides, f"{section}.noise_multiplicity", size_.noise_multiplicity)
+        rows = size_.batch_size * size_.noise_multiplicity
+        expected = size_.steps * cost.seconds(rows)
+        rate = size_.batch_size / inputs.num_train
+        decisions.append(
+            f"{section}: {size_.steps} steps of batch {size_.batch_size} (q = {rate:.3g}, "
+            f"K = {size_.noise_multiplicity}, {epochs:.3g} epochs): {expected / 60:.1f} min at "
+            f"{cost.seconds(rows):.2f} s per step, of {seconds / 60:.1f} min left for it")
+        if expected > seconds * 1.05:
+            decisions.append(f"{section}: the budget is too short for {MIN_STEPS} steps; this plan exceeds it by "
+                             f"{(expected - seconds) / 60:.1f} min")
+    return overrides, decisions
+
+
+def unet_levels(block_channels: Sequence[int], side: int) -> list[int]:
+    """The base preset's UNet widths, one level deeper (twice the last width) for each doubling of the side past
+    32: 64 px get 4 levels, 128 px 5, so the lowest level (where attention is) stays at 8 x 8 or below."""
+    widths = list(block_channels)
+    while side // 2 ** (len(widths) - 1) > 8 and side % 2 ** len(widths) == 0:
+        widths.append(2 * widths[-1])
+    return widths
+
+
+def _section_shares(config: Config, sections: tuple[str, ...]) -> dict[str, float]:
+    """Each DP-SGD section's share of the time: as its base preset divides the examples (epochs x K)."""
+    weights = {name: config[name]["epochs"] * config[name].get("noise_multiplicity", 1) for name in sections}
+    total = sum(weights.values())
+    return {name: weight / total for name, weight in weights.items()}
+
+
+def user_keys_kept(overrides: dict[str, dict[str, Any]], user_keys: list[str]) -> dict[str, dict[str, Any]]:
+    """``overrides`` less the keys the user set (they win over the plan)."""
+    return {section: {key: value for key, value in values.items() if f"{section}.{key}" not in user_keys}
+            for section, values in overrides.items()}

@@ -1,0 +1,181 @@
+"""Derived plans (--preset auto): the sizing rules, the time estimate, the fixed presets' refusal, the CLI."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import finished_run
+
+from dpsynth.api import dataset_from_config, planned_config, resolve_config
+from dpsynth.autoplan.memory import USABLE, probe_memory
+from dpsynth.autoplan.plan import check_preset_fits, deepened, method_shape, plan_inputs
+from dpsynth.autoplan.probe import StepCost, Throughput
+from dpsynth.autoplan.rules import (
+    MAX_SAMPLE_RATE,
+    MIN_STEPS,
+    PlanInputs,
+    derive,
+    dpsgd_steps,
+    estimate_seconds,
+    parse_duration,
+    size_dpsgd,
+)
+from dpsynth.cli import main
+from dpsynth.errors import ConfigError
+from dpsynth.methods import get_method
+
+# A throughput as a probe records it (the AVX-512 Xeon's, rounded): the rules are tested on its numbers.
+XEON = Throughput("cpu", {"dpsgd": StepCost(0.12, 0.0031)}, 6e-4, 4e-4, {"cnn": {"train": 4.9e-4, "test": 1.9e-4}},
+                  0.036, 8.0)
+SLOW = Throughput("cpu", {"dpsgd": StepCost(0.3, 0.0066)}, 1.5e-3, 1e-3, {"cnn": {"train": 1.2e-3, "test": 4e-4}},
+                  0.3, 20.0)
+
+
+@pytest.mark.parametrize("text, seconds", [("45m", 2700), ("1h30m", 5400), ("90s", 90), ("2h", 7200), (45, 2700),
+                                           ("1.5h", 5400), ("10 min", 600)])
+def test_durations_read_as_users_write_them(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "", "-5m", "0s", "5 minutes"])
+def test_a_bad_duration_names_the_key(text):
+    with pytest.raises(ConfigError, match="plan.time_budget must be a"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("num_train, seconds, cost", list(itertools.product(
+    [500, 1437, 5000, 10_000, 55_000, 200_000], [30, 300, 1200, 7200],
+    [StepCost(0.12, 0.0031), StepCost(0.3, 0.0066), StepCost(0.005, 1e-5)])))
+def test_dpsgd_sizing_keeps_its_rules(num_train, seconds, cost):
+    size = size_dpsgd(seconds, cost, num_train, batch_cap=512, multiplicity_cap=1)
+    assert size.steps >= MIN_STEPS and size.noise_multiplicity == 1
+    assert 1 <= size.batch_size <= min(512, num_train * MAX_SAMPLE_RATE)
+    expected = size.steps * cost.seconds(size.batch_size)
+    assert expected <= seconds * 1.01 or size.steps == MIN_STEPS  # within the time, unless the floor forced more
+
+
+def test_a_fast_device_grows_the_batch_then_the_noise_multiplicity():
+    gpu = StepCost(0.01, 2e-6)
+    size = size_dpsgd(1800, gpu, 55_000, batch_cap=4096, multiplicity_cap=32)
+    assert size.batch_size == 4096 and size.noise_multiplicity > 1 and size.steps >= 600
+    assert size_dpsgd(1800, gpu, 55_000, batch_cap=4096, multiplicity_cap=1).noise_multiplicity == 1
+
+
+def test_small_data_gets_small_batches_and_at_least_200_steps():
+    config = resolve_config("dpdm", preset="auto")
+    for num_train in (500, 1437, 5000):
+        inputs = PlanInputs(num_train, (1, 28, 28), 10, num_train // 8, num_train // 8, "cpu")
+        overrides, _ = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 1800, compiled=False)
+        planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
+        assert dpsgd_steps(planned, "dpsgd", num_train) >= MIN_STEPS
+        assert overrides["dpsgd"]["batch_size"] <= num_train * MAX_SAMPLE_RATE
+
+
+@pytest.mark.parametrize("throughput", [XEON, SLOW])
+def test_the_derived_plan_fits_the_budget(throughput):
+    config = resolve_config("dpdm", preset="auto")
+    shape = method_shape(get_method("dpdm"))
+    inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
+    overrides, decisions = derive(config, shape, inputs, throughput, 1800, compiled=False)
+    planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
+               for name, values in config.items()}
+    expected = estimate_seconds(planned, shape, inputs, throughput, compiled=False)
+    assert expected["total"] == pytest.approx(1800, rel=0.05)
+    assert expected["sampling"] + expected["evaluation"] <= 0.4 * 1800 or planned["sampling"]["num_samples"] == 5000
+    assert any(decision.startswith("dpsgd: ") for decision in decisions)
+
+
+def test_the_slow_cpu_releases_fewer_images_than_the_fast_one():
+    config = resolve_config("dpdm", preset="auto")
+    shape, inputs = method_shape(get_method("dpdm")), PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
+    fast, _ = derive(config, shape, inputs, XEON, 1800, compiled=False)
+    slow, _ = derive(config, shape, inputs, SLOW, 1800, compiled=False)
+    assert slow["sampling"]["num_samples"] < fast["sampling"]["num_samples"]
+    assert slow["dpsgd"]["batch_size"] * slow["dpsgd"]["epochs"] < fast["dpsgd"]["batch_size"] * fast["dpsgd"]["epochs"]
+
+
+def test_plans_read_only_public_sizes():
+    config = resolve_config("dpdm", dataset="digits", preset="auto", overrides=["privacy.dataset_size=noisy"])
+    dataset = dataset_from_config(config)
+    inputs = plan_inputs(dataset.info, torch.device("cpu"))
+    assert inputs.num_val == inputs.num_test == inputs.num_train // 8  # not the private split's exact size
+
+
+@pytest.mark.parametrize("preset, message", [("cpu", r"plans 16 DP-SGD steps \(dpsgd\) on the 1,437 training images"),
+                                             ("paper", r"samples batches of 4,096 \(dpsgd.batch_size\), more than")])
+def test_a_fixed_preset_too_big_for_the_data_refuses_with_the_fix(preset, message):
+    config = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset)
+    info = dataset_from_config(config).info
+    with pytest.raises(ConfigError, match=message) as refused:
+        check_preset_fits(config, info)
+    assert "use --preset auto (the default)" in str(refused.value)
+    own = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset, overrides=["dpsgd.batch_size=64"])
+    check_preset_fits(own, info)  # the user's own batch is not second-guessed
+
+
+@pytest.mark.parametrize("channels, side", [(1, 28), (3, 32), (3, 64), (3, 128)])
+def test_a_gpu_plan_chunk_fits_the_card(channels, side):
+    config = resolve_config("dpdm", preset="paper", overrides=["dpsgd.noise_multiplicity=4"])
+    probes = get_method("dpdm")(config).throughput_probes((channels, side, side), 10, torch.device("cpu"))
+    memory = probe_memory(probes.dpsgd["dpsgd"][0])
+    for card in (24 * 2 ** 30, 80 * 2 ** 30):
+        examples = memory.largest_fitting(card)
+        assert examples >= 1 and memory.bytes(examples) <= USABLE * card < memory.bytes(examples + 1)
+
+
+def test_privacy_prints_the_derived_plan_and_its_time(capsys):
+    code = main(["privacy", "dpdm", "--dataset", "digits", "--epsilon", "10", "--time-budget", "20m"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "derived plan (--preset auto, from the cpu preset) for a time budget of 20m on cpu" in out
+    assert "expected wall time:" in out and "preset auto" in out
+    steps = int(out.split("subsampled_gaussian")[1].split()[2])
+    assert steps >= MIN_STEPS
+
+
+def test_a_derived_config_records_its_probe_and_keeps_what_the_user_set():
+    config = resolve_config("dpdm", dataset="digits", epsilon=10, overrides=["dpsgd.batch_size=32"])
+    planned, _ = planned_config(config, dataset_from_config(config), torch.device("cpu"))
+    plan = planned["plan"]
+    assert planned["dpsgd"]["batch_size"] == 32 and "dpsgd.batch_size" in plan["user_keys"]
+    assert plan["base"] == "cpu" and plan["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
+    assert plan["expected_seconds"]["total"] > plan["expected_seconds"]["dp-sgd (dpsgd)"] > 0
+
+
+def test_run_requires_epsilon_and_help_shows_defaults(capsys):
+    assert main(["run", "dpdm", "--dataset", "digits"]) == 2
+    assert "dpsynth run needs --epsilon" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    assert "(default: 1e-05)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("side, widths", [(28, [16, 32, 32]), (32, [16, 32, 32]), (64, [16, 32, 32, 64]),
+                                          (128, [16, 32, 32, 64, 128])])
+def test_the_unet_gets_a_level_per_halving_of_the_side(side, widths):
+    config = resolve_config("dpdm", preset="auto")
+    deeper, decisions = deepened(config, side, [])
+    assert deeper["model"]["block_channels"] == widths and bool(decisions) == (side > 32)
+    own = resolve_config("dpdm", preset="auto", overrides=["model.block_channels=[8, 16]"])
+    assert deepened(own, side, own["plan"]["user_keys"])[0]["model"]["block_channels"] == [8, 16]
+
+
+@pytest.mark.parametrize("side", [64, 128])
+def test_large_rgb_images_run_end_to_end(tmp_path, side):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rgb.npz"
+    np.savez(path, images=rng.integers(0, 256, (40, 3, side, side), dtype=np.uint8), labels=np.arange(40) % 2,
+             class_names=np.array(["a", "b"]))
+    tiny = ["dpsgd.batch_size=8", "dpsgd.physical_batch_size=8", "dpsgd.epochs=0.5", "sampling.num_samples=4",
+            "diffusion.sample_steps=2", "evaluation.enabled=false",
+            "privacy.dataset_size=40", f"run.out_dir={tmp_path}"]
+    run = finished_run("dpdm", "--dataset", "npz", "--data-dir", str(path), "--epsilon", "8", "--time-budget", "2m",
+                       *[arg for pair in tiny for arg in ("--set", pair)])
+    with np.load(run / "release" / "synthetic.npz") as release:
+        assert release["images"].shape == (4, 3, side, side)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["plan"]["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
+    assert len(config["model"]["block_channels"]) == {64: 4, 128: 5}[side]  # the UNet follows the resolution
