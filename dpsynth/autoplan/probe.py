@@ -62,9 +62,9 @@ def timed(call: Callable[[], Any], device: torch.device) -> float:
 
 def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_per_example: int = 1) -> StepCost:
     """The fixed and per-row seconds of a DP-SGD step over ``num_records`` records: a least-squares line through
-    steps of an eighth of, half and one physical batch (the faster of two steps each, after a warm-up step in
-    which the engine chooses its per-example gradients), their sizes as Poisson sampling drew them. A larger
-    batch runs in more chunks of the same size: its time is extrapolated."""
+    steps of an eighth of, one and two physical batches (the faster of two steps each, after a warm-up step in
+    which the engine chooses its per-example gradients), their sizes as Poisson sampling drew them. The two-chunk
+    step carries the cost of a chunk; a larger batch's time is extrapolated."""
     model = probe.model.to(device)
     physical = probe.physical_batch_size
     engine = DPSGD(model, torch.optim.Adam(model.parameters(), lr=1e-4), probe.loss,
@@ -73,7 +73,7 @@ def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_p
                    generator=torch.Generator().manual_seed(0), batch_loss=probe.batch_loss)
     _step(engine, probe, physical, device)
     measured = []
-    for chunks in (1 / 8, 1 / 2, 1):
+    for chunks in (1 / 8, 1, 2):
         examples = min(max(1, round(chunks * physical)), num_records)
         measured.append(min((_step(engine, probe, examples, device) for _ in range(2)),
                             key=lambda step: step[1] / max(step[0], 1.0)))

@@ -30,7 +30,6 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     dpsgd = privacy["stages"][-1]["mechanisms"][0]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     return {"name": name, "machine": machine, "dataset_size": privacy["dataset_size"],
-            "shape": "x".join(str(config["dataset"].get(key)) for key in ("channels", "resolution")),
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
             "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
             "expected_min": config["plan"]["expected_seconds"]["total"] / 60, "measured_min": wall / 60,
