@@ -16,7 +16,7 @@ from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .data.registry import train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .hardware import AUTO, check_threads, hardware_choices
-from .methods import METHODS, get_method
+from .methods import get_method
 from .privacy import (
     ACCOUNTANTS,
     Accountant,
@@ -185,11 +185,6 @@ class BudgetPlan:
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     """Calibrate the method's stages so the whole run on ``info``'s training split meets the target."""
     method = get_method(config["method"])(config)
-    if info.unit == "group" and not method.supports_groups:
-        supported = ", ".join(name for name, cls in sorted(METHODS.items()) if cls.supports_groups)
-        raise ConfigError(f"{config['method']} bounds what one image contributes, not one group: with groups (a "
-                          f"folder's groups.csv, an npz's 'groups') run {supported}, or leave the groups out to "
-                          "protect single images")
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])

@@ -324,7 +324,8 @@ def _unit(info: DatasetInfo, config: Config) -> str:
     if info.unit == "image":
         return "one image"
     cap = config["privacy"].get("max_images_per_group", 16)
-    return f"one group of images (a person, say): each DP-SGD step reads at most {cap} of a group's images"
+    return (f"one group of images (a person, say): each DP-SGD step reads at most {cap} of a group's images; "
+            "every other mechanism weighs a group's images 1 / their number")
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,

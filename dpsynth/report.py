@@ -46,6 +46,7 @@ def write_run_report(run: RunDirectory) -> Path:
         f"<h1>{_text(title)}</h1>",
         _files_line(),
         _privacy_section(privacy, _metrics(run).get("evaluation_privacy")),
+        _groups_line(run.file(LOG)),
         _samples_section(run.file(SYNTHETIC)),
         _metrics_section(run),
         _neighbours_section(run.file(NEIGHBOURS)),
@@ -203,6 +204,19 @@ def _neighbours_section(path: Path) -> str:
     return ("<h2>Nearest real neighbours</h2><p>Top row: one synthetic image per class; bottom row: the real "
             "training image nearest to it in Inception space. A near-copy would show here.</p>"
             + _image(path.read_bytes(), "synthetic images above their nearest real training images", 640))
+
+
+def _groups_line(log: Path) -> str:
+    """With groups: how many the training split holds and how many have more images than a DP-SGD step reads
+    (from log.jsonl's ``groups`` record; private, like this page)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    groups = next((record for record in map(json.loads, lines) if record.get("event") == "groups"), None)
+    if groups is None:
+        return ""
+    return (f'<p>Groups: the training split holds {groups["train_groups"]:,}, the largest {groups["largest"]:,} '
+            f'images; {groups["capped"]:,} hold more than the {groups["cap"]} images a DP-SGD step reads of one '
+            "(each such step reads a random choice of them). Every other mechanism weighs a group's images "
+            "1 / their number.</p>")
 
 
 def _curves_section(path: Path) -> str:

@@ -10,7 +10,9 @@ drift from them.
 - ``<!-- frontier: DIR [DIR ...] -->``: the accuracy / FID-inf against synthesis hours table of those records'
   finished cells, with the one machine that measured them;
 - ``<!-- plans: DIR -->``: the derived plans measured in ``benchmarks/results/DIR`` (``benchmarks/plan-run.sh``),
-  expected against measured time.
+  expected against measured time;
+- ``<!-- plan-outcomes: FOLDER [FOLDER ...] -->``: what those measurements (one folder each) gave, side by side,
+  without their times.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
 BENCH = re.compile(r"<!-- bench: ([a-z0-9._/-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
 FRONTIER = re.compile(r"<!-- frontier: ([a-z0-9._/ -]+) -->")
 PLANS = re.compile(r"<!-- plans: ([a-z0-9._/-]+) -->")
+OUTCOMES = re.compile(r"<!-- plan-outcomes: ([a-z0-9._/ -]+) -->")
 
 
 def bench_marker(match: re.Match[str]) -> str:
@@ -42,4 +45,6 @@ def frontier_marker(match: re.Match[str]) -> str:
 def on_page_markdown(markdown: str, **_: Any) -> str:
     markdown = CONFIG.sub(lambda match: config_table(match.group(1)), markdown)
     markdown = PLANS.sub(lambda match: plans.table(RESULTS / match.group(1)), markdown)
+    markdown = OUTCOMES.sub(lambda match: plans.outcomes([RESULTS / folder for folder in match.group(1).split()]),
+                            markdown)
     return FRONTIER.sub(frontier_marker, BENCH.sub(bench_marker, markdown))

@@ -83,11 +83,13 @@ def pe(world: World, out: Path) -> dict[str, Any]:
     synthetic = Samples(torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(2)))
     embed = PixelEmbedding()
     embedded = method._lookahead(ctx, None, embed, synthetic, 0, 1.0)  # type: ignore[arg-type]
-    private = class_embeddings(ctx.private_shard(), 10, embed)
-    votes = nearest_neighbour_votes(torch.cat(private), embedded)
+    shard, weights = ctx.private_shard()
+    private = class_embeddings(shard, 10, embed)
+    votes = nearest_neighbour_votes(torch.cat(private), embedded,
+                                    torch.cat([weights[shard.labels == label] for label in range(10)]))
     world.all_reduce_sum([votes])
     return {"votes": votes.tolist(), "embedding_error": float((embedded - embed(synthetic.images)).abs().max()),
-            "shard": len(ctx.private_shard())}
+            "shard": len(shard)}
 
 
 def main() -> None:

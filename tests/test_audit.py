@@ -39,6 +39,7 @@ def test_on_gaussian_scores_the_bound_is_within_a_factor_two_of_the_gaussian_mec
     ("dp-sgd-step", 750, 0.5), ("mean-images", 2_500, 0.5), ("frequency-features", 1_250, 0.5),
     ("pe-histogram", 1_250, 0.5), ("groupnorm-statistics", 500, 0.2), ("mode-images", 1_250, 0.0),
     ("report-noisy-max", 25_000, 0.3), ("merf-features", 750, 0.3), ("semantic-histogram", 1_250, 0.5),
+    ("pe-group-histogram", 1_250, 0.5),
 ])
 def test_no_mechanism_leaks_more_than_its_ledger_claims(mechanism, trials, least):
     result = run_audit(mechanism, AUDITS[mechanism](), trials, DELTA)

@@ -29,9 +29,10 @@ def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0, dow
 def test_mode_of_the_papers_pixel_set():
     pixels = torch.tensor([1.0, 3.0, 3.0, 4.0]).view(4, 1, 1, 1) / 4  # {1, 3, 3, 4} with p_max = 4
     generator = secret_stream()
-    assert pixel_histogram(pixels, 2).tolist() == [[1, 3]]
-    assert float(mode_image(pixels, query("mode", bins=2), generator)) * 4 == 3.0  # centre of bin [2, 4]
-    assert float(mode_image(pixels, query("mode", bins=4), generator)) * 4 == 3.5  # centre of bin [3, 4]
+    ones = torch.ones(4)
+    assert pixel_histogram(pixels, 2, ones).tolist() == [[1, 3]]
+    assert float(mode_image(pixels, ones, query("mode", bins=2), generator)) * 4 == 3.0  # centre of bin [2, 4]
+    assert float(mode_image(pixels, ones, query("mode", bins=4), generator)) * 4 == 3.5  # centre of bin [3, 4]
 
 
 @pytest.mark.parametrize("downsample", [1, 2, 3])
@@ -39,9 +40,9 @@ def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_f_b(downs
     images, extra = torch.rand(20, 1, 6, 6) * 3, torch.ones(1, 1, 6, 6) * 3  # norms above the clip
     generator = secret_stream()
     clip, size = 2.0, 20.0
-    without = mean_image(images, query("mean", clip=clip, downsample=downsample), size, generator)
-    with_extra = mean_image(torch.cat([images, extra]), query("mean", clip=clip, downsample=downsample), size,
-                            generator)
+    settings = query("mean", clip=clip, downsample=downsample)
+    without = mean_image(pooled(images, downsample), torch.ones(20), settings, size, generator)
+    with_extra = mean_image(pooled(torch.cat([images, extra]), downsample), torch.ones(21), settings, size, generator)
     assert without.shape == (1, 6 // downsample, 6 // downsample)
     assert (with_extra - without).norm() == pytest.approx(clip / downsample / size, rel=1e-5)
 
@@ -49,8 +50,8 @@ def test_neighbouring_datasets_move_the_clipped_mean_by_at_most_c_over_f_b(downs
 @pytest.mark.parametrize("downsample", [1, 2])
 def test_neighbouring_datasets_move_the_histogram_by_sqrt_p_over_f(downsample):
     images, extra = torch.rand(20, 3, 4, 4), torch.rand(1, 3, 4, 4)
-    change = (pixel_histogram(pooled(torch.cat([images, extra]), downsample), 5)
-              - pixel_histogram(pooled(images, downsample), 5))
+    change = (pixel_histogram(pooled(torch.cat([images, extra]), downsample), 5, torch.ones(21))
+              - pixel_histogram(pooled(images, downsample), 5, torch.ones(20)))
     assert change.float().norm() == pytest.approx((3 * 4 * 4) ** 0.5 / downsample)
 
 
@@ -84,6 +85,12 @@ def test_per_class_queries_read_only_their_class(tmp_path, kind, expected):
     (event,) = ledger.events()
     assert isinstance(event, ParallelComposition) and set(event.parts) == {"0", "1"}
     assert event.parts["0"][0] == SubsampledGaussianMechanism(1e-9, 1.0, 3)
+    grouped = ImageSet(images, labels, torch.arange(60) // 3)  # one label per group: the same images come back
+    ledger = PrivacyLedger(tmp_path / "grouped.json")
+    central = central_images(grouped, 2, query(kind, noise=1e-9), ledger, "central", secret_stream())
+    for label, value in enumerate(expected):
+        assert torch.allclose(central.images[central.labels == label], torch.tensor(value), atol=1e-4)
+    assert ledger.events()[0] == SubsampledGaussianMechanism(1e-9, 1.0, 3)  # one mechanism for all classes
 
 
 def test_bad_central_settings_are_config_errors():

@@ -73,25 +73,25 @@ def test_one_example_moves_the_scaled_clipped_moment_sum_by_at_most_the_clipping
     outlier = torch.full((1, 1, 8, 8), 50.0)  # its scaled moment vector is far longer than the clipping norm
     with torch.no_grad():
         assert (example_moments(teacher, outlier)[1] * scaling.scale).norm() > 10 * scaling.clip
-    base = clipped_moment_sum(teacher, images, scaling, 7, CPU)
+    base = clipped_moment_sum(teacher, images, torch.ones(30), scaling, 7, CPU)
     for neighbour in (torch.cat([images, outlier]), images[1:], torch.cat([images, images[:1] * 3])):
-        change = (clipped_moment_sum(teacher, neighbour, scaling, 7, CPU) - base).norm()
+        change = (clipped_moment_sum(teacher, neighbour, torch.ones(len(neighbour)), scaling, 7, CPU) - base).norm()
         assert change <= scaling.clip * (1 + 1e-6)
-    assert (clipped_moment_sum(teacher, torch.cat([images, outlier]), scaling, 7, CPU) - base).norm() == \
-        pytest.approx(scaling.clip, rel=1e-6)  # the bound is attained
+    with_outlier = clipped_moment_sum(teacher, torch.cat([images, outlier]), torch.ones(31), scaling, 7, CPU)
+    assert (with_outlier - base).norm() == pytest.approx(scaling.clip, rel=1e-6)  # the bound is attained
 
 
 def test_private_statistics_are_one_gaussian_mechanism_with_the_clip_as_sensitivity(tmp_path):
     teacher, images = tiny_teacher(), torch.randn(40, 1, 8, 8)
     ledger = PrivacyLedger(tmp_path / "ledger.json")
-    noiseless = private_statistics(teacher, images, unscaled(teacher, 2.0), 1e-9, 16, CPU, ledger, "statistics",
-                                   secret_stream())
+    noiseless = private_statistics(teacher, images, torch.ones(40), unscaled(teacher, 2.0), 1e-9, 16, CPU, ledger,
+                                   "statistics", secret_stream())
     with torch.no_grad():
         clipped = batch_statistics(teacher, images, unscaled(teacher, 2.0))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(noiseless.means, clipped.means, strict=True))
     assert ledger.events() == [GaussianMechanism(1e-9)]
-    noisy = private_statistics(teacher, images, unscaled(teacher, 2.0), 30.0, 16, CPU, ledger, "statistics",
-                               secret_stream())
+    noisy = private_statistics(teacher, images, torch.ones(40), unscaled(teacher, 2.0), 30.0, 16, CPU, ledger,
+                               "statistics", secret_stream())
     error = torch.cat([a - b for a, b in zip(noisy.means, clipped.means, strict=True)])
     assert error.std() == pytest.approx(30.0 * 2.0 / 40, rel=0.3)  # sigma C / N per coordinate
 

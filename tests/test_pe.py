@@ -38,12 +38,12 @@ def test_votes_equal_brute_force_nearest_neighbours():
     for row in private:
         distances = [float((row - s).pow(2).sum()) for s in synthetic]
         expected[int(np.argmin(distances))] += 1
-    assert torch.equal(nearest_neighbour_votes(private, synthetic, chunk=64), expected)
+    assert torch.equal(nearest_neighbour_votes(private, synthetic, torch.ones(500), chunk=64), expected)
 
 
 def test_mismatched_embeddings_are_refused():
     with pytest.raises(ValueError, match="same d"):
-        nearest_neighbour_votes(torch.zeros(3, 4), torch.zeros(2, 5))
+        nearest_neighbour_votes(torch.zeros(3, 4), torch.zeros(2, 5), torch.ones(3))
 
 
 def test_histograms_get_gaussian_noise_then_the_threshold_and_one_ledger_entry():
@@ -64,7 +64,7 @@ def test_each_class_votes_only_in_its_own_histogram():
     private = class_embeddings(ImageSet(images, labels), 3, PixelEmbedding())
     for label, embedded in enumerate(private):
         assert torch.equal(embedded, images[labels == label].flatten(1))
-        votes = nearest_neighbour_votes(embedded, torch.rand(5, 16))
+        votes = nearest_neighbour_votes(embedded, torch.rand(5, 16), torch.ones(len(embedded)))
         assert votes.sum() == (labels == label).sum()
 
 

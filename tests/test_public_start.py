@@ -180,7 +180,7 @@ def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends
 
 def test_the_semantic_histogram_counts_each_private_class_in_its_own_row_at_the_cost_of_one():
     ledger, top, labels = PrivacyLedger(), torch.tensor([[0, 1], [1, 2], [2, 3]]), torch.tensor([0, 0, 1])
-    noisy = semantic_histogram(top, labels, 2, 4, 1e-6, ledger, "histogram", secret_stream(1))
+    noisy = semantic_histogram(top, labels, torch.ones(3), 2, 4, 1e-6, ledger, "histogram", secret_stream(1))
     assert noisy.tolist() == [[1, 2, 1, 0], [0, 0, 1, 1]]
     assert ledger.events() == [GaussianMechanism(1e-6)]  # noise std 1e-6 x sqrt(2): one record's k = 2 counts
 

@@ -203,8 +203,8 @@ def test_released_counts_are_whole_numbers_a_neighbour_can_always_reach():
     ruled_out = sum(not reachable(float(y), 10_001.0, std, False) for y in raw)
     assert ruled_out > 0  # a float64 release can exclude the neighbour's count
     top = torch.randint(0, 40, (10_000, 4))
-    noisy = semantic_histogram(top, torch.zeros(10_000, dtype=torch.long), 1, 40, std, PrivacyLedger(), "histogram",
-                               secret_stream(7))[0]
+    noisy = semantic_histogram(top, torch.zeros(10_000, dtype=torch.long), torch.ones(10_000), 1, 40, std,
+                               PrivacyLedger(), "histogram", secret_stream(7))[0]
     assert torch.equal(noisy, noisy.round())
     exact = torch.bincount(top.flatten(), minlength=40).double()
     assert all(reachable(float(y), float(c) + 1, std * 2, True) for y, c in zip(noisy, exact, strict=True))

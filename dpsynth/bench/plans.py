@@ -1,5 +1,5 @@
 """Measured derived plans (``benchmarks/plan-run.sh``) read back: what each plan expected against the wall time it
-took, and what it gave, as a table for the docs (``<!-- plans: DIR -->``)."""
+took, and what it gave, as tables for the docs (``<!-- plans: DIR -->``, ``<!-- plan-outcomes: FOLDER ... -->``)."""
 from __future__ import annotations
 
 import json
@@ -13,14 +13,16 @@ from ..errors import DpsynthError
 
 def measured(root: Path) -> list[dict[str, Any]]:
     """One row per finished measurement under ``root`` (a folder NAME with wall.txt, machine.txt and its run)."""
-    rows = []
-    for folder in sorted(path for path in root.iterdir() if (path / "wall.txt").is_file()):
-        runs = [path for path in folder.iterdir() if (path / "config.yaml").is_file()]
-        if len(runs) != 1:
-            raise DpsynthError(f"{folder}: expected one run directory beside wall.txt, found {len(runs)}")
-        rows.append(_row(folder.name, runs[0], float((folder / "wall.txt").read_text()),
-                         (folder / "machine.txt").read_text().strip()))
-    return rows
+    return [measurement(folder) for folder in sorted(root.iterdir()) if (folder / "wall.txt").is_file()]
+
+
+def measurement(folder: Path) -> dict[str, Any]:
+    """The row of one finished measurement folder (``benchmarks/plan-run.sh ROOT NAME``)."""
+    runs = [path for path in folder.iterdir() if (path / "config.yaml").is_file()] if folder.is_dir() else []
+    if len(runs) != 1 or not (folder / "wall.txt").is_file():
+        raise DpsynthError(f"{folder}: expected wall.txt beside one run directory, found {len(runs)} run(s)")
+    return _row(folder.name, runs[0], float((folder / "wall.txt").read_text()),
+                (folder / "machine.txt").read_text().strip())
 
 
 def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
@@ -32,19 +34,37 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     return {"name": name, "machine": machine, "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
             "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
-            "expected_min": config["plan"]["expected_seconds"]["total"] / 60, "measured_min": wall / 60,
+            "preset": config["preset"], "measured_min": wall / 60, "budget": config.get("plan", {}).get("time_budget"),
+            "expected_min": config["plan"]["expected_seconds"]["total"] / 60 if "plan" in config else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
             "fid_infinity": metrics.get("fid_infinity")}
 
 
+def _outcome(row: dict[str, Any]) -> str:
+    """CNN accuracy and FID-inf cells of a row."""
+    accuracy = "–" if row["cnn"] is None else f"{100 * row['cnn']:.1f} ± {100 * (row['cnn_std'] or 0):.1f} %"
+    return accuracy + " | " + ("–" if row["fid_infinity"] is None else f"{row['fid_infinity']:.1f}")
+
+
+def outcomes(folders: list[Path]) -> str:
+    """What the measurements in ``folders`` gave, side by side, without their times (``<!-- plan-outcomes -->``:
+    runs compared for accuracy, some of which may have shared the machine)."""
+    lines = ["| measurement | preset | N | batch x steps | release | CNN accuracy | FID∞ | CPU |", "| --- " * 8 + "|"]
+    for row in map(measurement, folders):
+        lines.append(f"| {row['name']} | {row['preset']} | {row['dataset_size']:,} | {row['batch']} x {row['steps']} "
+                     f"| {row['release']:,} | {_outcome(row)} | {row['machine']} |")
+    return "\n".join(lines)
+
+
 def table(root: Path) -> str:
-    """The measurements as a Markdown table, each row with its machine."""
-    lines = ["| measurement | N | batch x steps | release | expected min | measured min | measured / expected | "
-             "CNN accuracy | FID∞ | CPU |", "| --- " * 10 + "|"]
+    """The measurements as a Markdown table, each row with its machine (a fixed preset expects nothing)."""
+    lines = ["| measurement | budget | N | batch x steps | release | expected min | measured min | "
+             "measured / expected | CNN accuracy | FID∞ | CPU |", "| --- " * 11 + "|"]
     for row in measured(root):
-        accuracy = "–" if row["cnn"] is None else f"{100 * row['cnn']:.1f} ± {100 * (row['cnn_std'] or 0):.1f} %"
-        fid = "–" if row["fid_infinity"] is None else f"{row['fid_infinity']:.1f}"
-        lines.append(f"| {row['name']} | {row['dataset_size']:,} | {row['batch']} x {row['steps']} | "
-                     f"{row['release']:,} | {row['expected_min']:.1f} | {row['measured_min']:.1f} | "
-                     f"{row['measured_min'] / row['expected_min']:.2f} | {accuracy} | {fid} | {row['machine']} |")
+        expected = row["expected_min"]
+        timing = ("– | " if expected is None else f"{expected:.1f} | ") + f"{row['measured_min']:.1f} | " + (
+            "–" if expected is None else f"{row['measured_min'] / expected:.2f}")
+        lines.append(f"| {row['name']} | {row['budget'] or row['preset']} | {row['dataset_size']:,} | "
+                     f"{row['batch']} x {row['steps']} | {row['release']:,} | {timing} | {_outcome(row)} | "
+                     f"{row['machine']} |")
     return "\n".join(lines)

@@ -25,10 +25,32 @@ class ImageSet:
         """The images, labels and groups at ``index``."""
         return ImageSet(self.images[index], self.labels[index], None if self.groups is None else self.groups[index])
 
+    def joined(self, other: ImageSet) -> ImageSet:
+        """This set's images followed by ``other``'s (both with groups, or neither)."""
+        if (self.groups is None) != (other.groups is None):
+            raise DataError("image sets to join must both have groups or neither")
+        groups = None if self.groups is None or other.groups is None else torch.cat([self.groups, other.groups])
+        return ImageSet(torch.cat([self.images, other.images]), torch.cat([self.labels, other.labels]), groups)
+
     @property
     def num_units(self) -> int:
         """The records that privacy protects: groups where the set has them, else images."""
         return len(self) if self.groups is None else int(self.groups.unique().numel())
+
+    def unit_index(self) -> torch.Tensor:
+        """Each image's unit as 0 .. num_units - 1: its group's rank among the set's groups, else its own index."""
+        if self.groups is None:
+            return torch.arange(len(self))
+        return torch.unique(self.groups, return_inverse=True)[1]
+
+    def unit_weights(self) -> torch.Tensor:
+        """Each image's weight (float64) in a sum that bounds what one unit adds: 1 / the number of its group's
+        images in the set, so a group's images weigh 1 together and add at most what one image may to any sum
+        of per-image terms (the triangle inequality); ones without groups."""
+        if self.groups is None:
+            return torch.ones(len(self), dtype=torch.float64)
+        index = self.unit_index()
+        return 1.0 / torch.bincount(index).double()[index]
 
 
 @dataclass(frozen=True)

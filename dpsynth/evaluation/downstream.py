@@ -47,15 +47,25 @@ def _normalise(images: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def correct_predictions(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, device: torch.device,
+                        batch_size: int = 1000) -> torch.Tensor:
+    """Per image (bool), whether its predicted class is its label."""
+    model.eval()
+    return torch.cat([model(_normalise(images[start:start + batch_size].to(device))).argmax(dim=1).cpu()
+                      == labels[start:start + batch_size] for start in range(0, len(images), batch_size)])
+
+
 def correct_count(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, device: torch.device,
                   batch_size: int = 1000) -> int:
     """Number of ``images`` whose predicted class is their label."""
-    model.eval()
-    correct = 0
-    for start in range(0, len(images), batch_size):
-        logits = model(_normalise(images[start:start + batch_size].to(device)))
-        correct += int((logits.argmax(dim=1).cpu() == labels[start:start + batch_size]).sum())
-    return correct
+    return int(correct_predictions(model, images, labels, device, batch_size).sum())
+
+
+def correct_units(model: nn.Module, data: ImageSet, device: torch.device) -> float:
+    """The correctly classified images of ``data``, each counted with its unit weight: adding a unit (an image, or
+    a group of images) raises the count by between 0 and 1, as Report Noisy Max needs."""
+    correct = correct_predictions(model, data.images, data.labels, device).double()
+    return float((correct * data.unit_weights()).sum())
 
 
 def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, settings: TrainingSettings,
@@ -132,11 +142,11 @@ def downstream_accuracy(
     generator = torch.Generator().manual_seed(seed)
     model = build_classifier(name, synthetic.images.shape[1], num_classes).to(device)
     targets = soft_labels if soft_labels is not None else synthetic.labels
-    val_correct: list[int] = []
+    val_correct: list[float] = []
     weights: list[dict[str, torch.Tensor]] = []
 
     def after_epoch(trained: nn.Module) -> None:
-        val_correct.append(correct_count(trained, validation.images, validation.labels, device))
+        val_correct.append(correct_units(trained, validation, device))
         weights.append({key: value.detach().to("cpu", copy=True) for key, value in trained.state_dict().items()})
 
     train_epochs(model, synthetic.images, targets, settings, device, generator, after_epoch, f"classifier {name}",

@@ -193,12 +193,14 @@ class RunContext:
             self.restore_random(rng)
         return result  # type: ignore[no-any-return]
 
-    def private_shard(self) -> ImageSet:
-        """The training examples this rank reads in full passes: those whose index is its rank modulo the size."""
+    def private_shard(self) -> tuple[ImageSet, torch.Tensor]:
+        """The training examples this rank reads in full passes (those whose index is its rank modulo the size)
+        and their unit weights, from the whole training split (:meth:`~dpsynth.data.ImageSet.unit_weights`)."""
         train = self.dataset.train
         if self.world.size == 1:
-            return train
-        return train.subset(torch.arange(self.world.rank, len(train), self.world.size))
+            return train, train.unit_weights()
+        index = torch.arange(self.world.rank, len(train), self.world.size)
+        return train.subset(index), train.unit_weights()[index]
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -241,7 +243,6 @@ class Method(ABC):
     default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)
     releases_soft_labels: ClassVar[bool] = False
     needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
-    supports_groups: ClassVar[bool] = False  # bounds what one group of images contributes (the data's groups)
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
     unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time

@@ -4,7 +4,8 @@ generator fitted to them; its images are the release.
 The features and the generator are shared with FETA-Pro (:mod:`.random_features`, :mod:`.feature_generator`). The
 release is one Gaussian mechanism on the C x (D + 1) matrix whose row c holds class c's feature sum and size:
 adding or removing an image of class c changes row c by (phi(x), 1), of L2 norm sqrt(2) since ||phi(x)|| = 1,
-and no other row. Its noise is calibrated to spend the whole budget. Each class's mean is its noisy sum over
+and no other row (with groups, each image weighted 1 / its group's images: a group moves the matrix by at most
+sqrt(2) too). Its noise is calibrated to spend the whole budget. Each class's mean is its noisy sum over
 its noisy size; the paper divides by the public N instead, which weights classes by their (private) shares,
 while the generator draws classes evenly.
 """
@@ -24,7 +25,7 @@ from ..privacy.randomness import SecretStream
 from ..utils.images import class_grid, save_png, to_uint8
 from .base import CPU_PROTOCOL, Method, Release, RunContext, register, weights
 from .feature_generator import GeneratorSettings, fit_generator, generated_set
-from .random_features import FrequencySettings, RandomFourierFeatures
+from .random_features import FrequencySettings, RandomFourierFeatures, class_feature_sums
 
 MEANS_STAGE = "rff-means"
 SENSITIVITY = math.sqrt(2)  # one image moves its class's (feature sum, size) row by (phi(x), 1)
@@ -99,8 +100,7 @@ def released_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFe
                          ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
     """num_classes x D: per class, the noisy feature sum over the noisy size, from one Gaussian mechanism on
     the (sum, size) rows (L2 sensitivity sqrt(2)), recorded before it runs."""
-    rows = torch.stack([torch.cat([rff.summed(train.images[train.labels == label]),
-                                   (train.labels == label).sum().double()[None]])
-                        for label in range(num_classes)])
+    sums, sizes = class_feature_sums(train, num_classes, rff)
+    rows = torch.cat([sums, sizes[:, None]], dim=1)
     noisy = release_gaussian(rows, SENSITIVITY, noise_multiplier, ledger, stage, noise)
     return (noisy[:, :-1] / noisy[:, -1:].round().clamp_min(1.0)).float()  # the size rounded: see release_counts

@@ -37,7 +37,6 @@ class DPDM(Method):
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
     dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
-    supports_groups = True  # DP-SGD alone reads the private data
     sections = {
         # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
         # class_start: where the private class rows start when the public classes differ: shared (the null row),

@@ -4,7 +4,8 @@ histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusi
 1. A classifier is trained on the public set's labels (public data only: no privacy cost).
 2. Its top ``selection.top_k`` public classes for each private training image are counted, per private class and
    public class. Adding or removing one image changes k counts of its own class's row by 1, so the histogram has
-   L2 sensitivity sqrt(k) (per-class rows cost no more than one row: each image is in one) and gets Gaussian noise
+   L2 sensitivity sqrt(k) (per-class rows cost no more than one row: each image is in one; a group's images,
+   weighted 1 / their number, move it by at most that too, whatever their classes) and gets Gaussian noise
    of std ``selection.noise_multiplier`` x sqrt(k), recorded as stage ``semantic-histogram``. (DPImageBench
    accounts its noise, sigma = 50 with k = 5 words, as if the sensitivity were 1; we do not.)
 3. The public classes with the largest noisy counts summed over the private classes, a ``selection.ratio`` share
@@ -66,7 +67,6 @@ class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
-    supports_groups = False
     public_sections = ("public_pretrain",)
     unestimated_phases = ("the semantic query classifier",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
@@ -159,8 +159,8 @@ class PrivImage(DPDM):
             top = torch.cat([classifier(to_device(train.images[start:start + 1000], device) * 2 - 1)
                              .topk(top_k, dim=1).indices.cpu() for start in range(0, len(train), 1000)])
         event = context.planned_event(SELECTION_STAGE, GaussianMechanism)
-        noisy = semantic_histogram(top, train.labels, context.dataset.info.num_classes, num_public,
-                                   event.noise_multiplier, context.ledger, SELECTION_STAGE, context.noise)
+        noisy = semantic_histogram(top, train.labels, train.unit_weights(), context.dataset.info.num_classes,
+                                   num_public, event.noise_multiplier, context.ledger, SELECTION_STAGE, context.noise)
         keep = max(1, round(self.selection_settings.ratio * num_public))
         return noisy.sum(0).topk(min(keep, num_public)).indices.sort().values, noisy
 
@@ -176,12 +176,22 @@ class PrivImage(DPDM):
         return classifier.eval()
 
 
-def semantic_histogram(top_classes: torch.Tensor, labels: torch.Tensor, num_labels: int, num_classes: int,
-                       noise_multiplier: float, ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
-    """Per private label and class, how many records (rows of ``top_classes``: k distinct classes each, with their
-    ``labels``) of that label name that class, plus Gaussian noise of std noise_multiplier x sqrt(k), the
-    histogram's L2 sensitivity (a record changes k counts of its own label's row); recorded before it runs."""
+def semantic_counts(top_classes: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, num_labels: int,
+                    num_classes: int) -> torch.Tensor:
+    """Per private label and class (float64), the summed ``weights`` of the records (rows of ``top_classes``: k
+    distinct classes each, with their ``labels``) of that label that name that class. A record of weight at most 1
+    changes k counts of its own label's row by its weight: L2 sensitivity sqrt(k), for one image or, weighted by
+    :meth:`~dpsynth.data.ImageSet.unit_weights`, one group of any labels."""
     cells = labels.to(top_classes.dtype)[:, None] * num_classes + top_classes
-    counts = torch.bincount(cells.flatten(), minlength=num_labels * num_classes).double()
-    released = release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)
-    return released.reshape(num_labels, num_classes)
+    repeated = weights.double().repeat_interleave(top_classes.shape[1])
+    counts = torch.bincount(cells.flatten(), weights=repeated, minlength=num_labels * num_classes)
+    return counts.reshape(num_labels, num_classes)
+
+
+def semantic_histogram(top_classes: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, num_labels: int,
+                       num_classes: int, noise_multiplier: float, ledger: PrivacyLedger, stage: str,
+                       noise: SecretStream) -> torch.Tensor:
+    """:func:`semantic_counts` plus Gaussian noise of std noise_multiplier x sqrt(k), their L2 sensitivity;
+    recorded before it runs."""
+    counts = semantic_counts(top_classes, labels, weights, num_labels, num_classes)
+    return release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)

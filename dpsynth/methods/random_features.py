@@ -9,7 +9,9 @@ Per class, the sum of phi over the class's images changes by at most ||phi(x)|| 
 is added or removed, so it gets N(0, sigma_f^2 I) noise (sensitivity 1, noise multiplier sigma_f). The
 paper divides by the class size n_c and ignores that n_c is itself private; here each class's size is
 released once with Gaussian noise (``count_noise``) and recorded, and the noisy sum is divided by the
-noisy size. Classes are disjoint: both releases of every class compose in parallel.
+noisy size. Classes are disjoint: both releases of every class compose in parallel. With groups, each
+image is weighted 1 / (its group's images) in the sums and sizes, so a group moves all classes' sums
+together by at most 1, and their sizes too (:func:`~dpsynth.privacy.events.per_class`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import torch
 from ..config import at_least, positive
 from ..data import DatasetInfo, ImageSet
 from ..errors import ConfigError
-from ..privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
+from ..privacy import Event, GaussianMechanism, PrivacyLedger
+from ..privacy.events import per_class
 from ..privacy.mechanisms import gaussian_noise, noisy_count
 from ..privacy.randomness import SecretStream
 
@@ -42,12 +45,24 @@ class RandomFourierFeatures:
         projected = images.flatten(1) @ self.frequencies.to(images).T
         return torch.cat([projected.cos(), projected.sin()], dim=1) * (2 / self.features) ** 0.5
 
-    def summed(self, images: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-        """Sum of the features of ``images``, computed ``chunk`` images at a time."""
+    def summed(self, images: torch.Tensor, weights: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+        """Sum of the features of ``images``, each times its weight, computed ``chunk`` images at a time."""
         total = torch.zeros(self.features, dtype=torch.float64)
         for start in range(0, len(images), chunk):
-            total += self(images[start:start + chunk]).sum(dim=0).double()
+            features = self(images[start:start + chunk]).double()
+            total += (features * weights[start:start + chunk, None].double()).sum(dim=0)
         return total
+
+
+def class_feature_sums(train: ImageSet, num_classes: int, rff: RandomFourierFeatures
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class (rows), the features of its images summed with their unit weights (num_classes x D, float64) and
+    the weights summed, its size in units (num_classes): one unit moves the sums, side by side, by at most 1 in L2
+    norm, and the sizes by at most 1 (:meth:`~dpsynth.data.ImageSet.unit_weights`)."""
+    weights = train.unit_weights()
+    members = [train.labels == label for label in range(num_classes)]
+    sums = torch.stack([rff.summed(train.images[chosen], weights[chosen]) for chosen in members])
+    return sums, torch.stack([weights[chosen].sum() for chosen in members])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,19 +94,19 @@ class FrequencyQuery:
     noise: float
     count_noise: float
 
-    def event(self, num_classes: int) -> ParallelComposition:
-        per_class = (GaussianMechanism(self.noise), GaussianMechanism(self.count_noise))
-        return ParallelComposition("label", {str(c): per_class for c in range(num_classes)})
+    def events(self, num_classes: int, grouped: bool) -> tuple[Event, ...]:
+        """What the releases of all classes do, over images or over groups (``grouped``)."""
+        return per_class((GaussianMechanism(self.noise), GaussianMechanism(self.count_noise)), num_classes, grouped)
 
 
 def noisy_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatures, query: FrequencyQuery,
                       ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
     """num_classes x D noisy mean features; the releases are recorded before they run."""
-    ledger.record(stage, query.event(num_classes))
+    for event in query.events(num_classes, train.groups is not None):
+        ledger.record(stage, event)
+    sums, sizes = class_feature_sums(train, num_classes, rff)
     means = []
-    for label in range(num_classes):
-        total = rff.summed(train.images[train.labels == label])
+    for total, size in zip(sums, sizes.tolist(), strict=True):
         total = total + gaussian_noise(total.shape, query.noise, noise, total)
-        size = noisy_count(int((train.labels == label).sum()), query.count_noise, noise)
-        means.append(total / max(1, size))
+        means.append(total / max(1, noisy_count(size, query.count_noise, noise)))
     return torch.stack(means).float()

@@ -127,6 +127,18 @@ class ParallelComposition:
         return None
 
 
+def per_class(events: tuple[SimpleEvent, ...], num_classes: int, grouped: bool) -> tuple[Event, ...]:
+    """What the same ``events`` run for every class cost. Each image is of one class, so over images the classes
+    compose in parallel. A group's images may be of several classes: weighted to add at most one image's worth
+    to all classes' releases together (:meth:`~dpsynth.data.ImageSet.unit_weights`), a group moves the classes'
+    releases, side by side, by at most one image's sensitivity, so with groups (``grouped``) each event is one
+    mechanism on that joint vector (a subsampled one samples the groups once for all classes): the same cost
+    as one class's part of the parallel composition, recorded as what it is."""
+    if grouped:
+        return events
+    return (ParallelComposition("label", {str(c): events for c in range(num_classes)}),)
+
+
 @dataclass(frozen=True)
 class NonPrivateAccess:
     """``count`` uses of the private data with no noise (e.g. non-private training): no epsilon covers them.

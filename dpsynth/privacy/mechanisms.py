@@ -23,7 +23,7 @@ def clip_rows(records: torch.Tensor, clip: float) -> torch.Tensor:
     """Each record (first dimension) scaled down to L2 norm at most ``clip``."""
     if not clip > 0:
         raise PrivacyError(f"clipping norm must be positive, got {clip}")
-    flat = records.reshape(records.shape[0], -1)
+    flat = records.flatten(1)
     norms = flat.norm(dim=1, keepdim=True)
     return (flat * (clip / norms.clamp_min(clip))).reshape(records.shape)
 
@@ -55,7 +55,7 @@ def release_counts(counts: torch.Tensor, l2_sensitivity: float, noise_multiplier
     return release_gaussian(counts, l2_sensitivity, noise_multiplier, ledger, stage, noise).round()
 
 
-def noisy_count(count: int, std: float, noise: SecretStream) -> int:
+def noisy_count(count: float, std: float, noise: SecretStream) -> int:
     """``count`` plus N(0, std^2) from the secret stream, rounded to a whole number (see :func:`release_counts`);
     the caller records the Gaussian mechanism."""
     return round(count + float(noise.normal(())) * std)
@@ -93,8 +93,9 @@ def report_noisy_max(
 ) -> int:
     """Index of the largest of ``counts`` + Laplace(1 / epsilon) noise: epsilon-DP for monotone counts.
 
-    ``counts`` must be monotone sensitivity-1 queries (adding a record raises each by 0 or 1, e.g. the
-    number of validation images each candidate classifies correctly). The noisy values are not returned.
+    ``counts`` must be monotone sensitivity-1 queries (adding a record raises each by between 0 and 1, e.g.
+    the number of validation images each candidate classifies correctly, or with groups each image counted
+    1 / its group's images). The noisy values are not returned.
     """
     if not epsilon > 0:
         raise PrivacyError(f"Report Noisy Max needs a positive epsilon, got {epsilon}")

@@ -12,17 +12,23 @@ from .events import Event, NonPrivateAccess, SimpleEvent, SubsampledGaussianMech
 
 @dataclass(frozen=True)
 class PlannedStage:
-    """A stage of a method: either a fixed ``event`` or a ``calibrated`` family event(sigma); ``noise_free``: the
-    calibrated stage can also run without noise (an infinite target epsilon)."""
+    """A stage of a method: either a fixed ``event`` (or a tuple of events run in turn) or a ``calibrated`` family
+    event(sigma); ``noise_free``: the calibrated stage can also run without noise (an infinite target epsilon)."""
 
     name: str
-    event: Event | None = None
+    event: Event | tuple[Event, ...] | None = None
     calibrated: Callable[[float], SimpleEvent] | None = None
     noise_free: bool = False
 
     def __post_init__(self) -> None:
         if (self.event is None) == (self.calibrated is None):
             raise PrivacyError(f"stage {self.name!r} needs exactly one of a fixed event or a calibrated family")
+
+    def fixed_events(self) -> list[Event]:
+        """The fixed events, in the order they run (none for a calibrated stage)."""
+        if self.event is None:
+            return []
+        return list(self.event) if isinstance(self.event, tuple) else [self.event]
 
 
 def plan_budget(
@@ -35,19 +41,19 @@ def plan_budget(
     state that no epsilon covers the whole run. An infinite target runs the calibrated stages without noise.
     """
     if math.isinf(target_epsilon):
-        return {stage.name: [stage.event or without_noise(stage)] for stage in stages}
-    fixed = {stage.name: stage.event for stage in stages if stage.event is not None}
-    private = [event for event in fixed.values() if not isinstance(event, NonPrivateAccess)]
+        return {stage.name: stage.fixed_events() or [without_noise(stage)] for stage in stages}
+    fixed = {stage.name: stage.fixed_events() for stage in stages if stage.event is not None}
+    private = [event for events in fixed.values() for event in events if not isinstance(event, NonPrivateAccess)]
     families = {stage.name: stage.calibrated for stage in stages if stage.calibrated is not None}
     if not families:
         spent = accountant.epsilon(private, delta)
         if spent > target_epsilon:
             raise PrivacyError(f"the planned stages spend epsilon = {spent:.4g}, over the target {target_epsilon:g}")
-        return {name: [event] for name, event in fixed.items()}
+        return fixed
     sigma = accountant.calibrate(private, lambda s: [family(s) for family in families.values()], target_epsilon,
                                  delta)
-    resolved: dict[str, Event] = {**fixed, **{name: family(sigma) for name, family in families.items()}}
-    return {stage.name: [resolved[stage.name]] for stage in stages}
+    resolved: dict[str, list[Event]] = {**fixed, **{name: [family(sigma)] for name, family in families.items()}}
+    return {stage.name: resolved[stage.name] for stage in stages}
 
 
 def without_noise(stage: PlannedStage) -> NonPrivateAccess:

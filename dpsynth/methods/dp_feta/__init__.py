@@ -1,8 +1,9 @@
 """DP-FETA (Li et al.): DP central images warm up the diffusion model, then DP-SGD fine-tunes it.
 
 With ``central.count = 0`` there is no warm-up and DP-FETA is DPDM. Stage I queries noisy mean or mode
-images per class (parallel composition) with fixed noise; the DP-SGD noise of stage II is calibrated
-afterwards so the whole run meets the target epsilon (the paper's three-step procedure).
+images per class (parallel composition over images; over groups, one mechanism for all classes) with fixed
+noise; the DP-SGD noise of stage II is calibrated afterwards so the whole run meets the target epsilon (the
+paper's three-step procedure).
 """
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ class DPFETA(DPDM):
     """Central images (mean or mode) and an augmented non-private warm-up before DPDM's DP-SGD."""
 
     name = "dp-feta"
-    supports_groups = False
     public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     sections = {
@@ -94,7 +94,7 @@ class DPFETA(DPDM):
         return []
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        central = [PlannedStage(CENTRAL_STAGE, self._query(info).event(info.num_classes))]
+        central = [PlannedStage(CENTRAL_STAGE, self._query(info).events(info.num_classes, info.unit == "group"))]
         return ((central if self._uses_central() else []) + self._feature_stages(info)
                 + [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)])
 

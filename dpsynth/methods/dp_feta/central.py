@@ -1,8 +1,11 @@
 """DP central images (DP-FETA, Alg. 1 and 2): noisy mean images and noisy mode images, per class.
 
-Each query Poisson-samples the class's training images at rate q. Classes are disjoint, so the queries of
-different classes compose in parallel; the whole set of queries is recorded in the ledger, as one
-parallel composition, before any noisy output exists.
+Each query Poisson-samples the training units (images, or groups) at rate q, once for all classes, and
+releases every class's image from that sample. Classes are disjoint, so over images the queries of
+different classes compose in parallel; with groups, whose images are weighted 1 / (the group's images) and
+may be of several classes, each query is one mechanism on all classes' images together
+(:func:`~dpsynth.privacy.events.per_class`). The queries are recorded in the ledger before any noisy output
+exists.
 
 Mean images (Alg. 1) divide a noisy clipped sum by the expected sample size q * n_c. The paper takes
 the class size n_c as known; it is a statistic of the private data, so here each class's size is
@@ -24,8 +27,8 @@ from kornia.filters import filter2d, median_blur
 
 from ...data import ImageSet
 from ...errors import ConfigError
-from ...privacy import GaussianMechanism, ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
-from ...privacy.events import SimpleEvent
+from ...privacy import Event, GaussianMechanism, PrivacyLedger, SubsampledGaussianMechanism
+from ...privacy.events import SimpleEvent, per_class
 from ...privacy.mechanisms import clip_rows, gaussian_noise, noisy_count, poisson_sample
 from ...privacy.randomness import SecretStream
 
@@ -67,8 +70,9 @@ class CentralQuery:
         queries: tuple[SimpleEvent, ...] = (SubsampledGaussianMechanism(self.noise, self.sample_rate, self.count),)
         return queries + ((GaussianMechanism(self.count_noise),) if self.kind == "mean" else ())
 
-    def event(self, num_classes: int) -> ParallelComposition:
-        return ParallelComposition("label", {str(c): self.class_events() for c in range(num_classes)})
+    def events(self, num_classes: int, grouped: bool) -> tuple[Event, ...]:
+        """What the queries of all classes do, over images or over groups (``grouped``)."""
+        return per_class(self.class_events(), num_classes, grouped)
 
 
 def pooled(images: torch.Tensor, factor: int) -> torch.Tensor:
@@ -78,35 +82,38 @@ def pooled(images: torch.Tensor, factor: int) -> torch.Tensor:
     return F.avg_pool2d(images, factor) if factor > 1 else images
 
 
-def mean_image(images: torch.Tensor, query: CentralQuery, size: float, noise: SecretStream) -> torch.Tensor:
-    """One noisy mean (Alg. 1) at 1/f resolution: clipped sum of a Poisson sample plus N(0, (sigma C / f)^2),
-    over q * size."""
+def mean_image(images: torch.Tensor, weights: torch.Tensor, query: CentralQuery, size: float,
+               noise: SecretStream) -> torch.Tensor:
+    """One noisy mean (Alg. 1) of a sample of pooled ``images``: their clipped sum, each weighted by ``weights``,
+    plus N(0, (sigma C / f)^2), over q * size."""
     clip = query.clip / query.downsample
-    small = pooled(images[poisson_sample(len(images), query.sample_rate, noise)], query.downsample)
-    total = clip_rows(small, clip).sum(dim=0)
+    total = (clip_rows(images, clip) * weights.to(images.dtype).reshape(-1, 1, 1, 1)).sum(dim=0)
     total = total + gaussian_noise(total.shape, query.noise * clip, noise, total)
     return (total / (query.sample_rate * size)).clamp(0, 1)
 
 
-def pixel_histogram(images: torch.Tensor, bins: int) -> torch.Tensor:
-    """Counts per pixel and bin (P x bins) of images in [0, 1]; bin k holds [k / bins, (k + 1) / bins)."""
+def pixel_histogram(images: torch.Tensor, bins: int, weights: torch.Tensor) -> torch.Tensor:
+    """Per pixel and bin (P x bins, float64), the summed ``weights`` of the images in [0, 1] whose pixel lies in
+    the bin; bin k holds [k / bins, (k + 1) / bins)."""
     index = (images.flatten(1) * bins).long().clamp(0, bins - 1)
-    return torch.nn.functional.one_hot(index, bins).sum(dim=0)
+    pixels = index.shape[1]
+    cells = (index + torch.arange(pixels) * bins).flatten()
+    histogram = torch.zeros(pixels * bins, dtype=torch.float64)
+    return histogram.index_add_(0, cells, weights.double().repeat_interleave(pixels)).reshape(pixels, bins)
 
 
-def mode_image(images: torch.Tensor, query: CentralQuery, noise: SecretStream) -> torch.Tensor:
-    """One noisy mode image (Alg. 2) at 1/f resolution: per-pixel histogram plus N(0, sigma^2 P), centre of
-    the noisy argmax bin.
+def mode_image(images: torch.Tensor, weights: torch.Tensor, query: CentralQuery, noise: SecretStream
+               ) -> torch.Tensor:
+    """One noisy mode image (Alg. 2) of a sample of pooled ``images``: per-pixel histogram of their ``weights``
+    plus N(0, sigma^2 P), centre of the noisy argmax bin.
 
-    Adding or removing one image changes one bin of every one of the P pooled pixels by 1: L2 sensitivity
-    sqrt(P).
+    One image of weight at most 1 changes one bin of every one of the P pooled pixels by at most 1: L2
+    sensitivity sqrt(P).
     """
-    small = pooled(images[poisson_sample(len(images), query.sample_rate, noise)], query.downsample)
-    histogram = pixel_histogram(small, query.bins)
+    histogram = pixel_histogram(images, query.bins, weights)
     pixels = histogram.shape[0]
-    noisy = histogram.double() + gaussian_noise(histogram.shape, query.noise * pixels ** 0.5, noise,
-                                                histogram.double())
-    return ((noisy.argmax(dim=1).float() + 0.5) / query.bins).reshape(small.shape[1:])
+    noisy = histogram + gaussian_noise(histogram.shape, query.noise * pixels ** 0.5, noise, histogram)
+    return ((noisy.argmax(dim=1).float() + 0.5) / query.bins).reshape(images.shape[1:])
 
 
 SHARPEN = torch.tensor([[[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]]])
@@ -124,16 +131,23 @@ def restored(images: torch.Tensor, size: tuple[int, int], denoise: bool) -> torc
 def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledger: PrivacyLedger, stage: str,
                    noise: SecretStream) -> ImageSet:
     """``query.count`` central images per class, labelled; the queries are recorded before they run."""
-    ledger.record(stage, query.event(num_classes))
-    images, labels = [], []
-    for label in range(num_classes):
-        members = train.images[train.labels == label]
-        if query.kind == "mean":
-            size = max(1, noisy_count(len(members), query.count_noise, noise))
-            images += [mean_image(members, query, size, noise) for _ in range(query.count)]
-        else:
-            images += [mode_image(members, query, noise) for _ in range(query.count)]
-        labels += [label] * query.count
+    for event in query.events(num_classes, train.groups is not None):
+        ledger.record(stage, event)
+    small, units, weights = pooled(train.images, query.downsample), train.unit_index(), train.unit_weights()
+    classes = [train.labels == label for label in range(num_classes)]
+    if query.kind == "mean":
+        sizes = [max(1, noisy_count(float(weights[members].sum()), query.count_noise, noise)) for members in classes]
+    images: list[list[torch.Tensor]] = [[] for _ in classes]
+    num_units = train.num_units
+    for _ in range(query.count):
+        sampled = torch.zeros(num_units, dtype=torch.bool)
+        sampled[poisson_sample(num_units, query.sample_rate, noise)] = True
+        for label, members in enumerate(classes):
+            chosen = sampled[units] & members
+            images[label].append(mean_image(small[chosen], weights[chosen], query, sizes[label], noise)
+                                 if query.kind == "mean" else mode_image(small[chosen], weights[chosen], query, noise))
     height, width = train.images.shape[-2:]
-    full = restored(torch.stack(images), (height, width), query.denoise)
-    return ImageSet(full, torch.tensor(labels, dtype=torch.long))
+    full = restored(torch.stack([image for per_label in images for image in per_label]), (height, width),
+                    query.denoise)
+    labels = torch.arange(num_classes).repeat_interleave(query.count)
+    return ImageSet(full, labels)

@@ -152,7 +152,8 @@ class DPImgSyn(Method):
         event = context.planned_event(STATISTICS_STAGE, GaussianMechanism)
         batch_size = self.statistics_settings.batch_size
         with memory_limited_by("statistics.batch_size", batch_size, "computing the DP batch statistics"):
-            statistics = private_statistics(teacher, _teacher_inputs(context.dataset.train.images), scaling,
+            train = context.dataset.train
+            statistics = private_statistics(teacher, _teacher_inputs(train.images), train.unit_weights(), scaling,
                                             event.noise_multiplier, batch_size, device, context.ledger,
                                             STATISTICS_STAGE, context.noise, info.num_train)
         return {"statistics": statistics.state_dict(), "scale": scaling.scale, "clip": scaling.clip,

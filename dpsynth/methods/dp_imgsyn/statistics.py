@@ -6,7 +6,8 @@ mean of squares q_l(x) of the layer's input. Each block (m_l or q_l) is multipli
 1 / (sqrt(number of blocks) x its mean norm over the public starting images), so that every block weighs
 alike and the whole vector has norm about 1: unscaled, the inputs of the pre-activation ResNet's deep
 layers (norms in the hundreds) swamped the rest. The scaled u(x) is clipped to L2 norm at most C and the
-clipped vectors are summed. The scales are computed from public data and the DP teacher only, so they are
+clipped vectors are summed (with groups, each weighted 1 / its group's images, so a group moves the sum by at
+most C too). The scales are computed from public data and the DP teacher only, so they are
 constants of the mechanism: adding or removing one example still moves the sum by at most C in L2 norm, and
 the sum plus N(0, (sigma C)^2 I) is one Gaussian mechanism with sensitivity C. Dividing by the public size N
 and by the scales gives the mean of m and of q, and var_l = mean(q_l) - mean(m_l)^2. The synthetic batch
@@ -125,22 +126,23 @@ def batch_statistics(model: nn.Module, inputs: torch.Tensor, scaling: MomentScal
 
 
 @torch.no_grad()
-def clipped_moment_sum(model: nn.Module, images: torch.Tensor, scaling: MomentScaling, batch_size: int,
-                       device: torch.device) -> torch.Tensor:
-    """Sum over ``images`` (normalised teacher inputs) of their scaled moment vectors, each clipped to norm C."""
+def clipped_moment_sum(model: nn.Module, images: torch.Tensor, weights: torch.Tensor, scaling: MomentScaling,
+                       batch_size: int, device: torch.device) -> torch.Tensor:
+    """Sum over ``images`` (normalised teacher inputs) of their scaled moment vectors, each clipped to norm C and
+    times its weight (a unit's weights sum to 1: :meth:`~dpsynth.data.ImageSet.unit_weights`)."""
     model.eval()
     total = torch.zeros(2 * sum(layer_widths(model)), dtype=torch.float64, device=device)
-    for chunk in images.split(batch_size):
+    for chunk, chunk_weights in zip(images.split(batch_size), weights.split(batch_size), strict=True):
         _, moments = example_moments(model, chunk.to(device))
-        total += scaling.clipped(moments.double()).sum(dim=0)
+        total += (scaling.clipped(moments.double()) * chunk_weights.to(device, torch.float64)[:, None]).sum(dim=0)
     return total
 
 
-def private_statistics(model: nn.Module, images: torch.Tensor, scaling: MomentScaling, noise_multiplier: float,
-                       batch_size: int, device: torch.device, ledger: PrivacyLedger, stage: str,
-                       noise: SecretStream, public_size: int | None = None) -> BatchStatistics:
-    """The private set's statistics: clipped scaled moment sum + N(0, (sigma C)^2), divided by the public size N
-    (default the number of ``images``, when that is public)."""
-    total = clipped_moment_sum(model, images, scaling, batch_size, device)
+def private_statistics(model: nn.Module, images: torch.Tensor, weights: torch.Tensor, scaling: MomentScaling,
+                       noise_multiplier: float, batch_size: int, device: torch.device, ledger: PrivacyLedger,
+                       stage: str, noise: SecretStream, public_size: int | None = None) -> BatchStatistics:
+    """The private set's statistics: clipped scaled moment sum, weighted, + N(0, (sigma C)^2), divided by the public
+    size N in units (default the number of ``images``, when that is public)."""
+    total = clipped_moment_sum(model, images, weights, scaling, batch_size, device)
     noisy = release_gaussian(total, scaling.clip, noise_multiplier, ledger, stage, noise)
     return scaling.statistics((noisy / (public_size or len(images))).float(), layer_widths(model))

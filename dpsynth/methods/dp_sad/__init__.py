@@ -87,7 +87,6 @@ class DPSAD(DPDM):
     """Teacher (DP-SGD by default) -> pool of teacher samples -> student distilled with DP-SGD and a discriminator."""
 
     name = "dp-sad"
-    supports_groups = False
     dpsgd_sections = ("teacher", "student")  # the student's step is timed as the teacher's
     unestimated_phases = ("the teacher's sample pool", "the discriminator")
     description = "student diffusion model distilled from a DP teacher with a discriminator (sound DP-SAD)"

@@ -106,7 +106,8 @@ class FETAPro(DPFETA):
         return FrequencyQuery(self._noise("frequency", settings.noise_multiplier), settings.count_noise)
 
     def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage(FREQUENCY_STAGE, self._frequency_query().event(info.num_classes))]
+        return [PlannedStage(FREQUENCY_STAGE, self._frequency_query().events(info.num_classes,
+                                                                              info.unit == "group"))]
 
     def warmup_phases(self) -> list[str]:
         return ORDERS[self.order] if self._uses_central() else ["warmup-frequency"]

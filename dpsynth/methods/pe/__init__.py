@@ -172,7 +172,9 @@ class PrivateEvolution(Method):
         event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
         threshold = settings.threshold if settings.threshold is not None else 2 ** 0.5 * event.noise_multiplier
         population, start = self._initial_population(context, api)
-        private = class_embeddings(context.private_shard(), info.num_classes, embed)
+        shard, shard_weights = context.private_shard()
+        private = class_embeddings(shard, info.num_classes, embed)
+        weights = [shard_weights[shard.labels == label] for label in range(info.num_classes)]
         if self.non_private_outputs():
             if context.world.size > 1:
                 raise ConfigError("pe.debug_nonprivate_fd needs a single process (each rank holds a shard)")
@@ -182,7 +184,7 @@ class PrivateEvolution(Method):
         progress = context.progress(settings.iterations, "pe", initial=start)
         for t in range(start, settings.iterations):
             votes = [nearest_neighbour_votes(private[c], self._lookahead(context, api, embed, population[c], c,
-                                                                         degrees[t]), device=context.device)
+                                                                         degrees[t]), weights[c], device=context.device)
                      for c in range(info.num_classes)]
             context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
             histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, HISTOGRAMS_STAGE,
@@ -228,7 +230,8 @@ class PrivateEvolution(Method):
         if settings.class_counts == "balanced":
             shares = torch.ones(classes, dtype=torch.float64)
         else:
-            counts = torch.bincount(context.dataset.train.labels, minlength=classes).double()
+            train = context.dataset.train
+            counts = torch.bincount(train.labels, weights=train.unit_weights(), minlength=classes)
             shares = context.released(COUNTS_STAGE, lambda: release_counts(
                 counts, 1.0, settings.count_noise, context.ledger, COUNTS_STAGE, context.noise)).clamp_min(1)
         return apportion(total, shares)

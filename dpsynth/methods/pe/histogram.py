@@ -2,7 +2,9 @@
 
 Each private sample adds 1 to exactly one bin, so the vote vector has L2 sensitivity 1 under add / remove;
 in conditional PE the classes' histograms, side by side, are still one sensitivity-1 vector (a record
-votes only in its own class), so one Gaussian mechanism per iteration covers every class (App. D).
+votes only in its own class), so one Gaussian mechanism per iteration covers every class (App. D). With
+groups, each image votes with weight 1 / (its group's images): a group adds at most 1 to the votes of all
+classes together, so the same mechanism bounds it.
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from ...privacy.mechanisms import release_counts
 from ...privacy.randomness import SecretStream
 
 
-def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chunk: int = 4096,
+def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, weights: torch.Tensor, chunk: int = 4096,
                             device: torch.device | None = None) -> torch.Tensor:
-    """Per synthetic row, how many ``private`` rows have it as their nearest (L2) neighbour (float64, on the CPU).
+    """Per synthetic row, the summed ``weights`` of the ``private`` rows that have it as their nearest (L2)
+    neighbour (float64, on the CPU).
 
     Distances are computed on ``device`` (default: where ``synthetic`` is) ``chunk`` private rows at a time, so
     60k x 60k fits in memory; ties go to the lowest index.
@@ -28,7 +31,8 @@ def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, chun
     synthetic = synthetic.to(device, torch.float64)
     for start in range(0, len(private), chunk):
         nearest = torch.cdist(private[start:start + chunk].to(device, torch.float64), synthetic).argmin(dim=1)
-        votes += torch.bincount(nearest, minlength=len(synthetic)).double()
+        votes += torch.bincount(nearest, weights=weights[start:start + chunk].to(device, torch.float64),
+                                minlength=len(synthetic))
     return votes.cpu()
 
 

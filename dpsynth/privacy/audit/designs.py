@@ -162,7 +162,8 @@ def semantic_histogram_counts() -> Trial:
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         top = torch.cat([records, canary]) if with_canary else records
         labels = torch.zeros(len(top), dtype=torch.long)
-        return float(semantic_histogram(top, labels, 1, 2 * top_k, SIGMA, ledger, STAGE, noise)[0, :top_k].sum())
+        counts = semantic_histogram(top, labels, torch.ones(len(top)), 1, 2 * top_k, SIGMA, ledger, STAGE, noise)
+        return float(counts[0, :top_k].sum())
 
     return trial
 
@@ -175,7 +176,23 @@ def pe_histogram() -> Trial:
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         embeddings = torch.cat([private, synthetic[:1]]) if with_canary else private
-        votes = nearest_neighbour_votes(embeddings, synthetic)
+        votes = nearest_neighbour_votes(embeddings, synthetic, torch.ones(len(embeddings)))
+        return float(dp_histograms([votes], SIGMA, 0.0, ledger, STAGE, noise)[0][0])
+
+    return trial
+
+
+def pe_group_histogram() -> Trial:
+    """PE's vote histogram over groups: D is groups of two samples voting for synthetic sample 1, the canary a
+    whole group of four samples voting for sample 0 (each with weight 1/4); the score is sample 0's noisy count."""
+    synthetic = torch.tensor([[0.0, 0.0], [10.0, 0.0]])
+    private = ImageSet(synthetic[1].repeat(2 * RECORDS, 1), torch.zeros(2 * RECORDS, dtype=torch.long),
+                       torch.arange(2 * RECORDS) // 2)
+    canary = ImageSet(synthetic[:1].repeat(4, 1), torch.zeros(4, dtype=torch.long), torch.full((4,), RECORDS))
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        data = private.joined(canary) if with_canary else private
+        votes = nearest_neighbour_votes(data.images, synthetic, data.unit_weights())
         return float(dp_histograms([votes], SIGMA, 0.0, ledger, STAGE, noise)[0][0])
 
     return trial
@@ -196,7 +213,8 @@ def groupnorm_statistics() -> Trial:
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
         data = torch.cat([images, canary]) if with_canary else images
-        statistics = private_statistics(model, data, unscaled, SIGMA, 64, torch.device("cpu"), ledger, STAGE, noise)
+        statistics = private_statistics(model, data, torch.ones(len(data)), unscaled, SIGMA, 64, torch.device("cpu"),
+                                        ledger, STAGE, noise)
         parts = [torch.cat([mean, variance + mean.pow(2)])
                  for mean, variance in zip(statistics.means, statistics.variances, strict=True)]
         return float(torch.cat(parts).double() @ direction.double()) * len(data)
@@ -246,6 +264,7 @@ AUDITS: dict[str, Callable[[], Trial]] = {
     "merf-features": merf_features,
     "semantic-histogram": semantic_histogram_counts,
     "pe-histogram": pe_histogram,
+    "pe-group-histogram": pe_group_histogram,
     "groupnorm-statistics": groupnorm_statistics,
     "report-noisy-max": report_noisy_max_selection,
     "broken-gaussian-sum": broken_sum,
