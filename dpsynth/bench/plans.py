@@ -31,11 +31,12 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     dpsgd = privacy["stages"][-1]["mechanisms"][0]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
+    expected = config["plan"].get("expected_seconds") or {}  # a fixed preset expects nothing
     return {"name": name, "machine": machine, "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
             "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
-            "preset": config["preset"], "measured_min": wall / 60, "budget": config.get("plan", {}).get("time_budget"),
-            "expected_min": config["plan"]["expected_seconds"]["total"] / 60 if "plan" in config else None,
+            "preset": config["preset"], "measured_min": wall / 60, "budget": config["plan"]["time_budget"] if expected else None,
+            "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
             "fid_infinity": metrics.get("fid_infinity")}
 
