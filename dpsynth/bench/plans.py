@@ -35,7 +35,8 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     return {"name": name, "machine": machine, "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
             "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
-            "preset": config["preset"], "measured_min": wall / 60, "budget": config["plan"]["time_budget"] if expected else None,
+            "preset": config["preset"], "measured_min": wall / 60,
+            "budget": config["plan"]["time_budget"] if expected else None,
             "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
             "fid_infinity": metrics.get("fid_infinity")}
