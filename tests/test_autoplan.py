@@ -64,6 +64,25 @@ def test_a_fast_device_grows_the_batch_then_the_noise_multiplicity():
     assert size_dpsgd(1800, gpu, 55_000, batch_cap=4096, multiplicity_cap=1).noise_multiplicity == 1
 
 
+def test_at_the_base_presets_batch_the_steps_stop_at_its_own():
+    config = resolve_config("dpdm", preset="auto")
+    base = resolve_config("dpdm", preset="cpu")
+    inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
+    overrides, decisions = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 3 * 3600, compiled=False)
+    planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
+    assert planned["dpsgd"]["batch_size"] == base["dpsgd"]["batch_size"]
+    assert dpsgd_steps(planned, "dpsgd", 55_000) == dpsgd_steps(base, "dpsgd", 55_000)
+    assert any("stay unspent" in decision for decision in decisions)
+    small = size_dpsgd(3 * 3600, XEON.dpsgd["dpsgd"], 1437, batch_cap=512, multiplicity_cap=1, step_cap=600)
+    assert small.batch_size < 512 and small.steps > 600  # below the preset's batch, the time still buys steps
+
+
+def test_a_budget_just_short_of_the_step_target_trims_the_batch_not_halves_it():
+    cost = XEON.dpsgd["dpsgd"]
+    size = size_dpsgd(590 * cost.seconds(512), cost, 55_000, batch_cap=512, multiplicity_cap=1)
+    assert 480 <= size.batch_size < 512 and size.batch_size % 16 == 0 and size.steps >= 600
+
+
 def test_small_data_gets_small_batches_and_at_least_200_steps():
     config = resolve_config("dpdm", preset="auto")
     for num_train in (500, 1437, 5000):
@@ -83,7 +102,8 @@ def test_the_derived_plan_fits_the_budget(throughput):
     planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
                for name, values in config.items()}
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled=False)
-    assert expected["total"] == pytest.approx(1800, rel=0.05)
+    capped = dpsgd_steps(planned, "dpsgd", 55_000) == dpsgd_steps(config, "dpsgd", 55_000)
+    assert expected["total"] <= 1800 * 1.05 and (capped or expected["total"] == pytest.approx(1800, rel=0.05))
     assert expected["sampling"] + expected["evaluation"] <= 0.4 * 1800 or planned["sampling"]["num_samples"] == 5000
     assert any(decision.startswith("dpsgd: ") for decision in decisions)
 

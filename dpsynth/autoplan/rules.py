@@ -6,8 +6,11 @@ once the calibrated sigma is about 1 or more (at epsilon = 10 and 55,000 images 
 1,437 it is flat from batch 64 on). So the plan spends the time on steps first, up to
 :data:`STEP_TARGET` (Fashion-MNIST's measured `cpu` operating point: 644 steps of 512), then on the batch, up to the
 base preset's batch and a sample rate of :data:`MAX_SAMPLE_RATE`, then (where the base preset has one, on a GPU)
-on the noise multiplicity, then on more steps. It never plans fewer than :data:`MIN_STEPS` steps for 500 images or
-more; a budget too short for them is exceeded, and the plan says by how much.
+on the noise multiplicity. Once batch and K reach the base preset's, the steps stop at the base preset's own
+steps at this N (at least :data:`STEP_TARGET`): more steps at the same epsilon raise sigma and, measured on
+Fashion-MNIST, lost accuracy, so the rest of the budget is left unspent. It never plans fewer than
+:data:`MIN_STEPS` steps for 500 images or more; a budget too short for them is exceeded, and the plan says by how
+much.
 
 Release and evaluation get at most :data:`EVALUATION_SHARE` of the budget: the largest of :data:`RELEASE_SIZES`
 that fits, else the smallest.
@@ -89,10 +92,17 @@ def floor_power_of_two(value: float) -> int:
     return 2 ** int(math.floor(math.log2(value))) if value >= 1 else 1
 
 
+def floor_batch(value: float) -> int:
+    """``value`` rounded down to a multiple of :data:`MIN_BATCH` (below it, to a power of two): fine enough that
+    a budget just short of :data:`STEP_TARGET` steps at the base batch does not halve the batch."""
+    return MIN_BATCH * int(value // MIN_BATCH) if value >= MIN_BATCH else floor_power_of_two(value)
+
+
 def size_dpsgd(seconds: float, cost: StepCost, num_train: int, batch_cap: int, multiplicity_cap: int,
-               fixed_batch: bool = False) -> DpsgdSize:
+               fixed_batch: bool = False, step_cap: int = MAX_STEPS) -> DpsgdSize:
     """Batch, K and steps for ``seconds`` of DP-SGD at ``cost`` (the module docstring's order); with
-    ``fixed_batch``, the batch is ``batch_cap`` and only the steps follow the time."""
+    ``fixed_batch``, the batch is ``batch_cap`` and only the steps follow the time. At the full ``batch_cap``
+    and ``multiplicity_cap`` the steps stop at ``step_cap`` (the base preset's)."""
     if fixed_batch:
         steps = int(seconds / cost.seconds(batch_cap * multiplicity_cap))
         return DpsgdSize(batch_cap, multiplicity_cap, _with_floor(steps, num_train))
@@ -101,7 +111,7 @@ def size_dpsgd(seconds: float, cost: StepCost, num_train: int, batch_cap: int, m
     multiplicity = 1
     while multiplicity <= multiplicity_cap:
         per_step = seconds / STEP_TARGET
-        batch = floor_power_of_two(max((per_step - cost.fixed) / (cost.per_row * multiplicity), 1.0))
+        batch = floor_batch(max((per_step - cost.fixed) / (cost.per_row * multiplicity), 1.0))
         batch = min(max(batch, min(MIN_BATCH, largest)), largest)
         steps = int(seconds / cost.seconds(batch * multiplicity))
         if chosen is None or steps >= STEP_TARGET and batch == largest:  # K grows only beside a full batch
@@ -110,7 +120,10 @@ def size_dpsgd(seconds: float, cost: StepCost, num_train: int, batch_cap: int, m
             break
         multiplicity *= 2
     assert chosen is not None
-    return DpsgdSize(chosen.batch_size, chosen.noise_multiplicity, _with_floor(chosen.steps, num_train))
+    steps = chosen.steps
+    if chosen.batch_size == batch_cap and chosen.noise_multiplicity == multiplicity_cap:
+        steps = min(steps, step_cap)
+    return DpsgdSize(chosen.batch_size, chosen.noise_multiplicity, _with_floor(steps, num_train))
 
 
 def _with_floor(steps: int, num_train: int) -> int:
@@ -224,8 +237,9 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
         seconds = max(left * share, 0.0)
         fixed_batch = f"{section}.batch_size" in kept
         cost = inputs.cost(throughput, section)
+        step_cap = max(dpsgd_steps(config, section, inputs.num_train), STEP_TARGET)
         size_ = size_dpsgd(seconds, cost, inputs.num_train, values["batch_size"], values.get("noise_multiplicity", 1),
-                           fixed_batch)
+                           fixed_batch, step_cap)
         epochs = (size_.steps + 0.5) * size_.batch_size / inputs.num_train  # int(epochs / q) is the steps
         _set(overrides, f"{section}.batch_size", size_.batch_size)
         _set(overrides, f"{section}.epochs", float(f"{epochs:.6g}"))
@@ -239,6 +253,9 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
             f"{section}: {size_.steps} steps of batch {size_.batch_size} (q = {rate:.3g}, "
             f"K = {size_.noise_multiplicity}, {epochs:.3g} epochs): {expected / 60:.1f} min at "
             f"{cost.seconds(rows):.2f} s per step, of {seconds / 60:.1f} min left for it")
+        if size_.steps == step_cap and expected < seconds * 0.95:
+            decisions.append(f"{section}: the base preset's {step_cap} steps at its batch; more steps at the same "
+                             f"epsilon raise the noise, so {(seconds - expected) / 60:.1f} min stay unspent")
         if expected > seconds * 1.05:
             decisions.append(f"{section}: the budget is too short for {MIN_STEPS} steps; this plan exceeds it by "
                              f"{(expected - seconds) / 60:.1f} min")
