@@ -6,9 +6,11 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import TensorDataset
 
 from .autoplan.rules import parse_duration
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
@@ -248,3 +250,15 @@ def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
     report = budget_report(plan.stages, plan.accountant, plan.delta)
     return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
             **report}
+
+
+def synthetic_dataset(path: str | Path) -> TensorDataset:
+    """A released ``synthetic.npz`` as a PyTorch dataset of (image, label) pairs, images float C x H x W in
+    [0, 1] and labels int64, or (image, label, soft label) when the release has soft labels; DataError naming the
+    file when it is not a release."""
+    from .evaluation.release import read_release  # the evaluation's imports are heavy; only this call needs them
+
+    release = read_release(path)
+    images = release.image_set()
+    soft = release.soft_label_tensor()
+    return TensorDataset(images.images, images.labels, *([] if soft is None else [soft]))

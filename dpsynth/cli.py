@@ -16,6 +16,7 @@ from .config import build_config, parse_overrides
 from .diffusion.settings import PretrainSettings
 from .errors import DpsynthError
 from .methods import METHODS
+from .provenance import version_line
 
 if TYPE_CHECKING:
     from .data import Dataset
@@ -300,9 +301,17 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _add_set(parser: argparse.ArgumentParser) -> None:
+class _Version(argparse.Action):
+    """``--version``: the version and commit, found only when asked (the commit takes a git call)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set dpsgd.batch_size=512 (repeatable)")
+                        help=f"override a config key, e.g. --set {example} (repeatable)")
 
 
 def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> None:
@@ -322,7 +331,7 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
     parser.add_argument("--allow-non-private", action="store_true",
                         help="a configuration that uses the private data without noise (e.g. DP-SAD's "
                              "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
-    _add_set(parser)
+    _add_set(parser, "privacy.accountant=rdp")
 
 
 # Options that stand for a config key: (attribute of the parsed arguments, key).
@@ -360,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="dpsynth", description="Differentially private image synthesis.",
                                      formatter_class=_DefaultsShown)
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print dpsynth's version and the commit it runs from, and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     data = commands.add_parser("data", help="list datasets or describe one").add_subparsers(
@@ -368,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = data.add_parser("info", help="shape, classes, split sizes and location of a dataset")
     info.add_argument("name", help="a dataset name (`dpsynth data list` shows them)")
     info.add_argument("--data-dir", help="directory (or .npz file) to read the dataset from")
-    _add_set(info)
+    _add_set(info, "dataset.resolution=32")
     info.set_defaults(handler=_data_info)
 
     pretrain = commands.add_parser("pretrain", help="train a diffusion model on PUBLIC data, for PE's diffusion API "
@@ -384,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--batch-size", type=int, default=PretrainSettings.batch_size, help="images per step")
     pretrain.add_argument("--lr", type=float, default=PretrainSettings.lr, help="Adam's learning rate")
     pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
-    _add_set(pretrain)
+    _add_set(pretrain, "dataset.resolution=32")
     pretrain.set_defaults(handler=_pretrain)
 
     privacy = commands.add_parser("privacy", help="plan a run's privacy budget (reads only the data's size)")
@@ -410,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the run directory for a file in a run's release/ folder, where nothing else may be "
                           "written)")
     evaluate.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
-    _add_set(evaluate)
+    _add_set(evaluate, "evaluation.classifier_seeds=1")
     evaluate.set_defaults(handler=_evaluate)
 
     bench = commands.add_parser("bench", help="run methods x datasets x epsilons alike and tabulate the results")

@@ -28,6 +28,7 @@ from .api import (
 from .config import BASE_CONFIG, Config, build_config, flat_keys, get_value, set_value
 from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
+from .datasheet import datasheet
 from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release, selection_ledger
@@ -45,6 +46,7 @@ from .privacy import (
     non_private_stages,
 )
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
+from .provenance import provenance, public_data_digests
 from .report import write_run_report
 from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
 from .utils.device import pick_device
@@ -225,13 +227,17 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     check_within_plan(ledger.stages(), budget.stages, bool(config["run"]["allow_non_private"]), complete=True)
-    report = _privacy_report(ledger, accountant, delta, target, dataset.info, method, config)
+    report = {**_privacy_report(ledger, accountant, delta, target, dataset.info, method, config),
+              "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
+              "public_data": public_data_digests(method.public_data(dataset.info))}
     release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
     start = time.perf_counter()
     generated = method.generate(config["sampling"]["num_samples"], release_stream)
     seconds = round(time.perf_counter() - start, 1)
     run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
                      method.soft_label_temperature())
+    run.write_datasheet(datasheet(report, method, dataset.info, generated.labels.cpu().numpy(),
+                                  generated.soft_labels is not None))
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)

@@ -47,6 +47,7 @@ CONFIG, LEDGER, CHECKPOINT, LOG = "config.yaml", "ledger.json", "checkpoint.pt",
 METHOD_METRICS = "method_metrics.json"
 RELEASE = "release"
 PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
+DATASHEET = f"{RELEASE}/README.md"
 MANIFEST = "release_files"  # privacy.json's key: the SHA-256 of each file the release step wrote
 CHECKPOINT_LAYOUT = 2  # 1: each method laid its checkpoint out its own way (dpsynth 0.1.0 before the Checkpoint)
 
@@ -199,9 +200,13 @@ class RunDirectory:
 
     def write_privacy_report(self, report: dict[str, Any]) -> None:
         """Write privacy.json (once, at the release): ``report`` with the manifest of the files released beside it."""
-        manifest = {Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES)
+        manifest = {Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES, DATASHEET)
                     if self.file(name).is_file()}
         atomic_write_json(self.file(PRIVACY), {**report, MANIFEST: manifest})
+
+    def write_datasheet(self, text: str) -> None:
+        """Write the release's datasheet (README.md), before privacy.json lists it."""
+        atomic_write_text(self.file(DATASHEET), text)
 
     def released_files(self) -> set[Path]:
         """The files of ``release/`` that the release step wrote, unchanged since (by privacy.json's manifest)."""

@@ -1,50 +1,147 @@
-"""MkDocs hook: markers replaced at build time by what the code and the bench record say, so the pages cannot
-drift from them.
+"""Generated text in the docs and the README, kept in sync with the code and the bench record.
 
-- ``<!-- config: shared -->`` or ``<!-- config: METHOD -->``: a table of the code's defaults
-  (dpsynth.config.BASE_CONFIG, each method's sections and presets);
-- ``<!-- bench: DIR -->``: the tables of the bench record ``benchmarks/results/DIR`` (DIR may be a sub-path, e.g.
-  ``cpu-frontier/dpdm-1h``) with when and where it ran;
-- ``<!-- bench: DIR METHOD EPSILON KEY -->``: one number of that record (a results.csv column, e.g.
-  ``accuracy_cnn`` or ``fid_infinity``) of one cell, formatted as the bench formats it;
-- ``<!-- frontier: DIR [DIR ...] -->``: the accuracy / FID-inf against synthesis hours table of those records'
-  finished cells, with the one machine that measured them;
-- ``<!-- plans: DIR -->``: the derived plans measured in ``benchmarks/results/DIR`` (``benchmarks/plan-run.sh``),
-  expected against measured time;
-- ``<!-- plan-outcomes: FOLDER [FOLDER ...] -->``: what those measurements (one folder each) gave, side by side,
-  without their times.
+A marker pair holds what the code or the record says, committed in the Markdown so it reads the same on the forge
+and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
+
+- ``config: shared|METHOD|reference``: a table of the code's defaults (dpsynth.config_reference);
+- ``bench: DIR``: the tables of the bench record ``benchmarks/results/DIR`` with when and where it ran;
+- ``bench: DIR METHOD EPSILON KEY``: one number of that record (a results.csv column), as the bench writes it;
+- ``frontier: DIR [DIR ...]``: accuracy / FID-inf against synthesis hours of those records' finished cells;
+- ``plans: DIR``: the derived plans measured in ``benchmarks/results/DIR``, expected against measured time;
+- ``plan-outcomes: FOLDER [FOLDER ...]``: what those measurements gave, side by side, without their times;
+- ``plan: FOLDER KEY``: one value of one plan measurement (dpsynth.bench.plans.quote);
+- ``steps: METHOD PRESET SECTION N``: the DP-SGD steps that preset plans for section SECTION on N training images;
+- ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it.
+
+``python scripts/mkdocs_hooks.py --write`` regenerates every pair in place; ``--check`` lists the files out of
+sync. As an MkDocs hook it fails the build on a page out of sync or a marker without its end.
 """
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
+from mkdocs.exceptions import PluginError
+
+from dpsynth.api import resolve_config
+from dpsynth.autoplan.rules import dpsgd_steps
 from dpsynth.bench import frontier, plans, record
 from dpsynth.config_reference import config_table
+from dpsynth.errors import DpsynthError
+from dpsynth.methods import get_method
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-CONFIG = re.compile(r"<!-- config: ([a-z0-9-]+) -->")
-BENCH = re.compile(r"<!-- bench: ([a-z0-9._/-]+)(?: ([a-z0-9-]+) ([0-9.]+|inf) (\w+))? -->")
-FRONTIER = re.compile(r"<!-- frontier: ([a-z0-9._/ -]+) -->")
-PLANS = re.compile(r"<!-- plans: ([a-z0-9._/-]+) -->")
-OUTCOMES = re.compile(r"<!-- plan-outcomes: ([a-z0-9._/ -]+) -->")
-
-
-def bench_marker(match: re.Match[str]) -> str:
-    directory, method, epsilon, key = match.groups()
-    if method is None:
-        return record.table(RESULTS / directory)
-    return record.value(RESULTS / directory, method, float(epsilon), key)
-
-
-def frontier_marker(match: re.Match[str]) -> str:
-    return frontier.table([RESULTS / directory for directory in match.group(1).split()])
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper"
+PAIR = re.compile(rf"(?<!`)<!-- (?P<kind>{KINDS}): (?P<args>[a-z0-9._/ -]+?) -->(?P<body>.*?)<!-- /(?P=kind) -->",
+                  re.DOTALL)
+OPENING = re.compile(rf"(?<!`)<!-- (?:{KINDS}): ")
+INLINE = {"bench": 4, "plan": 2, "steps": 4}  # kinds whose marker with these many arguments sits in a sentence
+# History in a user's page: an issue number, a working session, a time of day, a relative day.
+NOTEBOOK = re.compile(r"\bissues? ?#?\d+|\bsessions?\b|\bsittings?\b|\b(?:[01]?\d|2[0-3]):[0-5]\d\b|"
+                      r"\b(?:today|yesterday|tonight|(?:this|that) (?:morning|afternoon|evening))\b", re.IGNORECASE)
+PAPER = re.compile(r"^\*\*Paper:\*\* (?:.+\n)+", re.MULTILINE)
+PAPER_PARTS = {"a year": re.compile(r"\b(?:19|20)\d\d\b"), "a link": re.compile(r"\]\(https?://")}
 
 
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    markdown = CONFIG.sub(lambda match: config_table(match.group(1)), markdown)
-    markdown = PLANS.sub(lambda match: plans.table(RESULTS / match.group(1)), markdown)
-    markdown = OUTCOMES.sub(lambda match: plans.outcomes([RESULTS / folder for folder in match.group(1).split()]),
-                            markdown)
-    return FRONTIER.sub(frontier_marker, BENCH.sub(bench_marker, markdown))
+class OutOfSync(PluginError):
+    """A page whose generated text differs from what the code and the record say, or a marker without its end."""
+
+
+def generated(kind: str, args: list[str]) -> str:
+    """What the marker ``kind: args`` stands for."""
+    if kind == "config":
+        return config_table(args[0])
+    if kind == "bench":
+        if len(args) == 1:
+            return record.table(RESULTS / args[0])
+        directory, method, epsilon, key = args
+        return record.value(RESULTS / directory, method, float(epsilon), key)
+    if kind == "frontier":
+        return frontier.table([RESULTS / directory for directory in args])
+    if kind == "plans":
+        return plans.table(RESULTS / args[0])
+    if kind == "plan":
+        return plans.quote(RESULTS / args[0], args[1])
+    if kind == "paper":
+        return get_method(args[0]).paper.markdown()
+    if kind == "steps":
+        method, preset, section, num_train = args
+        return f"{dpsgd_steps(resolve_config(method, preset=preset), section, int(num_train)):,}"
+    return plans.outcomes([RESULTS / folder for folder in args])
+
+
+def synced(text: str, name: str) -> str:
+    """``text`` with every marker pair's body regenerated; OutOfSync naming ``name`` on a marker without its end."""
+    def fill(match: re.Match[str]) -> str:
+        kind, args = match["kind"], match["args"].split()
+        try:
+            body = generated(kind, args).strip()
+        except DpsynthError as error:
+            raise OutOfSync(f"{name}: {error}") from error
+        if INLINE.get(kind) != len(args):
+            body = f"\n\n{body}\n\n"
+        return f"<!-- {kind}: {match['args']} -->{body}<!-- /{kind} -->"
+
+    opened, paired = len(OPENING.findall(text)), len(PAIR.findall(text))
+    if opened != paired:
+        raise OutOfSync(f"{name}: {opened - paired} generated-text marker(s) without their <!-- /KIND --> end")
+    return PAIR.sub(fill, text)
+
+
+def problems(markdown: str, name: str) -> list[str]:
+    """What a user's page must not do: recount its own history (outside generated text), or, on a method
+    page, lack its paper (a ``**Paper:**`` paragraph with a year and a link)."""
+    found = [f"{name}: mentions {match.group(0)!r}; pages say what a thing is, history goes to CHANGELOG.md"
+             for match in NOTEBOOK.finditer(PAIR.sub("", markdown))]
+    if re.search(r"(^|/)methods/(?!index\.md$)[^/]+\.md$", name):
+        paper = PAPER.search(markdown)
+        missing = ["a **Paper:** line"] if paper is None else [
+            part for part, pattern in PAPER_PARTS.items() if not pattern.search(paper.group(0))]
+        found += [f"{name}: the paper reference lacks {part}" for part in missing]
+    return found
+
+
+def pages() -> list[Path]:
+    """The Markdown that may hold markers: the README and the docs."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def stale(paths: list[Path]) -> list[Path]:
+    """The files among ``paths`` whose generated text is out of sync."""
+    return [path for path in paths if synced(path.read_text(), str(path)) != path.read_text()]
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    found = problems(markdown, f"docs/{page.file.src_path}")
+    if found:
+        raise OutOfSync("; ".join(found))
+    if synced(markdown, page.file.src_path) != markdown:
+        raise OutOfSync(f"docs/{page.file.src_path}: its generated text is out of sync with the code or the bench "
+                        "record; run .venv/bin/python scripts/mkdocs_hooks.py --write")
+    return markdown
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Regenerate or check the generated text of the docs and README.")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the files out of sync")
+    mode.add_argument("--check", action="store_true", help="list the files out of sync; exit 1 if any")
+    write = parser.parse_args().write
+    try:
+        found = stale(pages())
+    except OutOfSync as error:
+        print(error, file=sys.stderr)
+        return 1
+    for path in found:
+        if write:
+            path.write_text(synced(path.read_text(), str(path)))
+        print(f"{'rewrote' if write else 'out of sync'}: {path.relative_to(ROOT)}")
+    return 1 if found and not write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

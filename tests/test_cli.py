@@ -1,6 +1,7 @@
 """The command line: data listing, the privacy planner and its errors."""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -8,14 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import dpsynth_main
 from opacus.accountants.utils import get_noise_multiplier
 
+from dpsynth import __version__
 from dpsynth.api import resolve_config
-from dpsynth.cli import main
-from dpsynth.config import flat_keys
+from dpsynth.cli import build_parser, main
+from dpsynth.config import BASE_CONFIG, flat_keys
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS, MODULES, get_method
 from dpsynth.privacy import default_delta
+from dpsynth.provenance import source_commit
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -132,6 +136,35 @@ def test_help_and_a_bad_argument_are_answered_without_importing_torch():
     assert "usage: dpsynth run" in done.stdout and "--iterations ITERATIONS" in done.stdout
     assert "argument --nproc: invalid int value: 'two'" in done.stderr
     assert done.stdout.splitlines()[-1] == "imported: []"
+
+
+def test_version_names_the_release_and_the_commit():
+    done = dpsynth_main("--version")
+    assert done.code == 0 and done.out.strip() == f"dpsynth {__version__} (commit {source_commit()})"
+    assert source_commit()  # the tests run from a git checkout
+
+
+def set_example(*command: str) -> str:
+    """The KEY=VALUE example of ``--set`` in ``dpsynth COMMAND --help``."""
+    action = next(action for action in subcommand(build_parser(), command)._actions if "--set" in action.option_strings)
+    return re.search(r"e\.g\. --set (\S+)", action.help)[1]
+
+
+def subcommand(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> argparse.ArgumentParser:
+    for name in names:
+        parser = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+                      ).choices[name]
+    return parser
+
+
+def test_every_set_example_in_the_help_fits_its_command():
+    for command in (("run",), ("privacy",)):
+        for method in METHODS:
+            resolve_config(method, overrides=[set_example(*command)])
+    for command in (("data", "info"), ("pretrain",)):  # pretrain passes dataset.* keys to its public dataset
+        assert dpsynth_main("data", "info", "digits", "--set", set_example(*command)).code == 0
+    section, key = set_example("evaluate").split("=")[0].split(".")
+    assert section == "evaluation" and key in BASE_CONFIG["evaluation"]
 
 
 def test_every_listed_method_registers_itself_under_its_name():

@@ -2,6 +2,8 @@
 command the pages show that runs in under a minute is run, as shown, in the order shown."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -13,6 +15,9 @@ import pytest
 from dpsynth.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+_SPEC = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+HOOKS = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(HOOKS)
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 BLOCK = re.compile(r"(<!-- long: (?P<why>[^>]*) -->\n)?```(?P<language>\w*)\n(?P<code>.*?)```", re.DOTALL)
 
@@ -27,6 +32,9 @@ NOT_RUN = {
     "OMP_NUM_THREADS=1 dpsynth audit": "as dpsynth audit",
     "torchrun": "several processes running a method (tests/test_distributed.py)",
     "bash scripts/setup.sh": "installs Debian and PyPI packages (CI runs it)",
+    "python3 -m venv": "creates a virtual environment (scripts/setup.sh makes CI's)",
+    "pip install": "installs PyPI packages (scripts/setup.sh installs the same in CI)",
+    "python scripts/mkdocs_hooks.py": "rewrites or checks the docs' generated text (test_generated_text_is_in_sync)",
     "python -m pytest": "the test suite itself",
     "python benchmarks/": "benchmarks: minutes each",
     "mkdocs": "builds or serves this site (test_the_site_builds_strictly builds it)",
@@ -81,7 +89,7 @@ def test_the_site_builds_strictly(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     reference = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
-    assert "dpsgd.noise_multiplicity" in reference and "<!-- config:" not in reference  # generated, not a marker
+    assert "<td><code>dpsgd.noise_multiplicity</code></td>" in reference  # the generated table, rendered
 
 
 def test_the_pages_show_commands_to_run():
@@ -103,3 +111,40 @@ def test_every_short_command_on_the_page_runs(page: Path, tmp_path, monkeypatch,
         else:
             status = main(shlex.split(normalised(code))[1:])
             assert status == 0, f"{page.name}: `{code}` exited with {status}: {capsys.readouterr().err}"
+
+
+def test_generated_text_is_in_sync_with_the_code_and_the_records():
+    assert HOOKS.stale(HOOKS.pages()) == [], "run .venv/bin/python scripts/mkdocs_hooks.py --write"
+
+
+def test_a_stale_number_and_a_marker_without_its_end_are_caught():
+    page = "DPDM reached <!-- bench: cpu dpdm 10 accuracy_cnn -->99.9 %<!-- /bench --> on the bench.\n"
+    synced = HOOKS.synced(page, "page.md")
+    assert synced != page and "99.9 %" not in synced and HOOKS.synced(synced, "page.md") == synced
+    with pytest.raises(HOOKS.OutOfSync, match="page.md: 1 generated-text marker"):
+        HOOKS.synced("DPDM reached <!-- bench: cpu dpdm 10 accuracy_cnn --> on the bench.\n", "page.md")
+
+
+@pytest.mark.parametrize("history", ["fixed in issue 52", "as issue #30 found", "measured in one session",
+                                     "resumed over several sittings", "start 19:55:52", "measured that afternoon"])
+def test_a_page_that_recounts_its_history_is_refused(history):
+    assert HOOKS.problems(f"# A page\n\nThe number, {history}.\n", "docs/page.md")
+
+
+def test_no_page_recounts_its_history_and_every_method_page_names_its_paper():
+    assert [problem for page in PAGES for problem in HOOKS.problems(page.read_text(),
+                                                                    page.relative_to(ROOT).as_posix())] == []
+    assert HOOKS.problems("# DPDM\n\nA diffusion model.\n", "docs/methods/dpdm.md") == [
+        "docs/methods/dpdm.md: the paper reference lacks a **Paper:** line"]
+    assert HOOKS.problems("# DPDM\n\n**Paper:** Someone. *A title.* A venue.\n", "docs/methods/dpdm.md") == [
+        f"docs/methods/dpdm.md: the paper reference lacks {part}" for part in ("a year", "a link")]
+
+
+def test_the_privacy_json_example_quotes_the_bench_release_it_names():
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    shown = json.loads(re.search(r"```json\n(.*?)```", page, re.DOTALL)[1])
+    source = re.search(r"`(benchmarks/results/[^`]+/privacy\.json)`", page)[1]
+    recorded = json.loads((ROOT / source).read_text())
+    common = set(shown) & set(recorded) - {"release_files"}
+    assert {"epsilon", "delta", "stages", "dataset_size"} <= common
+    assert {key: shown[key] for key in common} == {key: recorded[key] for key in common}

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
 
-from dpsynth.api import dataset_from_config
+from dpsynth.api import dataset_from_config, synthetic_dataset
 from dpsynth.errors import DataError
 from dpsynth.evaluation.downstream import distillation_loss
 from dpsynth.evaluation.release import load_release
+from dpsynth.methods.dp_imgsyn import DPImgSyn
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_batch, uniform_targets
 from dpsynth.methods.dp_imgsyn.statistics import (
     MomentScaling,
@@ -142,6 +143,12 @@ def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and
     assert (release.labels == release.soft_labels.argmax(axis=1)).all()
     assert 0 < run.method_metrics()["teacher_test_accuracy"] <= 1
     assert (public_run / "alignment.png").is_file()
+    digest = privacy["public_data"]["alignment.public 'digits'"]
+    sheet = (public_run / "release" / "README.md").read_text()
+    assert digest["distinct_images"] > 1000 and digest["fingerprints_sha256"] in sheet
+    assert "`soft_labels`" in sheet and DPImgSyn.paper.url in sheet
+    image, label, soft = synthetic_dataset(public_run / "release" / "synthetic.npz")[0]
+    assert image.shape == (1, 28, 28) and soft.shape == (10,) and float(soft.sum()) == pytest.approx(1, abs=1e-4)
     crash = [*TINY, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'crash'}"]
     assert_killed_run_resumes_to(public_run, crash, lambda e: e.get("event") == "teacher" and e["step"] >= 1)
 

@@ -14,13 +14,15 @@ import yaml
 from conftest import secret_stream
 from torch import nn
 
-from dpsynth.api import SIZE_NOISE, SIZE_STAGE, dataset_from_config, plan_privacy, resolve_config
+from dpsynth import __version__
+from dpsynth.api import SIZE_NOISE, SIZE_STAGE, dataset_from_config, plan_privacy, resolve_config, synthetic_dataset
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import FINGERPRINTS, load_fingerprints
 from dpsynth.doctor import COMMON, TINY, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import DataError, DpsynthError, PrivacyWarning
 from dpsynth.evaluation import selection_ledger
+from dpsynth.methods.dp_merf import DPMERF
 from dpsynth.methods.privimage import semantic_histogram
 from dpsynth.pipeline import execute, resume, start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger, ReportNoisyMax, default_delta
@@ -28,6 +30,7 @@ from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import release_gaussian
 from dpsynth.privacy.per_example import BatchedGradients, unsupported
 from dpsynth.privacy.randomness import normals, uniforms
+from dpsynth.provenance import source_commit
 from dpsynth.report import write_run_report
 from dpsynth.runs import RunDirectory
 
@@ -74,14 +77,33 @@ def test_evaluating_a_released_file_writes_nothing_into_release_and_the_report_m
     assert sorted(path.name for path in release.iterdir()) == before  # nothing new inside release/
     assert (run.path / "synthetic-evaluation" / "nearest_neighbours.png").is_file()  # on the private side
     manifest = json.loads(run.file("release/privacy.json").read_text())["release_files"]
-    assert set(manifest) == {"synthetic.npz", "samples.png"}
+    assert set(manifest) == {"synthetic.npz", "samples.png", "README.md"}
     (release / "stray.png").write_bytes(b"not the release step's")
-    assert run.released_files() == {release / "privacy.json", release / "synthetic.npz", release / "samples.png"}
+    assert run.released_files() == {release / name for name in ("privacy.json", *manifest)}
     rows = dict(re.findall(r"<code>(release/[^<]+)</code></td><td[^>]*>[^<]*</td><td>(.*?)</td>",
                            write_run_report(run).read_text()))
     assert rows["release/stray.png"] == "private" and "release: may be shared" in rows["release/synthetic.npz"]
     (release / "samples.png").write_bytes(b"changed since")
     assert release / "samples.png" not in run.released_files()
+
+
+def test_a_release_carries_its_datasheet_and_provenance_and_loads_as_a_torch_dataset(tmp_path):
+    run = tiny_run(tmp_path)
+    report = json.loads(run.file("release/privacy.json").read_text())
+    sheet = run.file("release/README.md").read_text()
+    assert report["dpsynth"] == {"version": __version__, "commit": source_commit()} and report["public_data"] == {}
+    assert f"(ε, δ) = ({report['epsilon']:.4f}, {report['delta']:.3g})" in sheet
+    assert DPMERF.paper.url in sheet and f"commit {report['dpsynth']['commit']}" in sheet
+    assert "of one image" in sheet and "No public image set was read" in sheet and "NOT private" not in sheet
+    labels = np.load(run.file("release/synthetic.npz"))["labels"]
+    per_class = dict(re.findall(r"^\| (\d) \| ([\d,]+) \|$", sheet, re.MULTILINE))
+    assert per_class == {str(c): f"{n:,}" for c, n in enumerate(np.bincount(labels, minlength=10))}
+    dataset = synthetic_dataset(run.file("release/synthetic.npz"))
+    image, label = dataset[3]
+    assert len(dataset) == len(labels) and image.shape == (1, 8, 8) and image.dtype == torch.float32
+    assert 0 <= image.min() <= image.max() <= 1 and label == labels[3]
+    with pytest.raises(DataError, match="config.yaml: not a readable .npz"):
+        synthetic_dataset(run.file("config.yaml"))
 
 
 def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(tmp_path, own_npz):

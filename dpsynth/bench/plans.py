@@ -3,6 +3,7 @@ took, and what it gave, as tables for the docs (``<!-- plans: DIR -->``, ``<!-- 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ def measurement(folder: Path) -> dict[str, Any]:
     """The row of one finished measurement folder (``benchmarks/plan-run.sh ROOT NAME``)."""
     runs = [path for path in folder.iterdir() if (path / "config.yaml").is_file()] if folder.is_dir() else []
     if len(runs) != 1 or not (folder / "wall.txt").is_file():
-        raise DpsynthError(f"{folder}: expected wall.txt beside one run directory, found {len(runs)} run(s)")
+        raise DpsynthError(f"{folder}: not a finished measurement: expected wall.txt beside one run directory "
+                           f"(found {len(runs)})")
     return _row(folder.name, runs[0], float((folder / "wall.txt").read_text()),
                 (folder / "machine.txt").read_text().strip())
 
@@ -32,7 +34,9 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     dpsgd = privacy["stages"][-1]["mechanisms"][0]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     expected = config["plan"].get("expected_seconds") or {}  # a fixed preset expects nothing
-    return {"name": name, "machine": machine, "dataset_size": privacy["dataset_size"],
+    stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
+    return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
+            "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
             "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
             "preset": config["preset"], "measured_min": wall / 60,
@@ -40,6 +44,21 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
             "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
             "fid_infinity": metrics.get("fid_infinity")}
+
+
+QUOTABLE = {"measured_min": "{:.1f}", "expected_min": "{:.1f}", "steps": "{:,}", "batch": "{:,}",
+            "release": "{:,}", "dataset_size": "{:,}", "fid_infinity": "{:.1f}", "epsilon": "{:.3f}",
+            "budget": "{}", "machine": "{}", "date": "{}"}
+
+
+def quote(folder: Path, key: str) -> str:
+    """One value of one measurement (``<!-- plan: FOLDER KEY -->``): a QUOTABLE key, or ``cnn`` (mean ± std)."""
+    row = measurement(folder)
+    if key == "cnn":
+        return _outcome(row).split(" | ")[0]
+    if key not in QUOTABLE:
+        raise DpsynthError(f"{folder}: no value {key!r} to quote; one of cnn, {', '.join(QUOTABLE)}")
+    return QUOTABLE[key].format(row[key])
 
 
 def _outcome(row: dict[str, Any]) -> str:

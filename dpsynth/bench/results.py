@@ -6,7 +6,6 @@ import io
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ import torch
 
 from .. import __version__
 from ..evaluation import METRICS
+from ..provenance import source_commit
 from ..runs import LOG, PRIVACY, SAMPLES
 from ..utils.io import atomic_write, atomic_write_text
 
@@ -221,12 +221,8 @@ def _cpuinfo(field: str) -> str | None:
 
 
 def _commit() -> str:
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return f" (commit {found.stdout.strip()})" if found.returncode == 0 else ""
+    commit = source_commit()
+    return f" (commit {commit})" if commit else ""
 
 
 def _plots(out: Path, rows: list[dict[str, Any]], cells: list[Cell]) -> None:

@@ -20,12 +20,14 @@ LEDGER_DIR_VARIABLE = "DPSYNTH_LEDGER_DIR"
 
 @dataclass(frozen=True)
 class Release:
-    """Synthetic uint8 images N x C x H x W, hard labels and optional soft labels N x K at a temperature."""
+    """Synthetic uint8 images N x C x H x W, hard labels, optional soft labels N x K at a temperature, and the
+    class names."""
 
     images: np.ndarray
     labels: np.ndarray
     soft_labels: np.ndarray | None = None
     soft_label_temperature: float = 1.0
+    class_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -56,21 +58,29 @@ def selection_ledger(dataset: Dataset, split_seed: int) -> PrivacyLedger:
     return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
 
 
-def load_release(path: str | Path, info: DatasetInfo) -> Release:
-    """The release in ``path``; DataError unless its images and labels fit ``info``'s shape and classes."""
+def read_release(path: str | Path, num_classes: int | None = None) -> Release:
+    """The release in ``path`` (a ``synthetic.npz``), its arrays checked (against ``num_classes`` when given,
+    which stands in for missing class names); DataError naming the file otherwise."""
     path = Path(path)
-    raw = load_npz(LoadOptions(data_dir=path, num_classes=info.num_classes))
-    if raw.images.shape[1:] != info.shape:
-        raise DataError(f"{path}: images are {raw.images.shape[1:]} (C x H x W) but dataset {info.name!r} "
-                        f"has {info.shape}; evaluate against the dataset the release imitates")
+    raw = load_npz(LoadOptions(data_dir=path, num_classes=num_classes))
     with np.load(path, allow_pickle=False) as archive:
         soft = archive["soft_labels"].astype(np.float32) if "soft_labels" in archive.files else None
         temperature = float(archive["soft_label_temperature"]) if "soft_label_temperature" in archive.files else 1.0
     if soft is not None:
-        _check_soft_labels(soft, len(raw.labels), info.num_classes, path)
+        _check_soft_labels(soft, len(raw.labels), len(raw.class_names), path)
     if not (np.isfinite(temperature) and temperature > 0):
         raise DataError(f"{path}: 'soft_label_temperature' must be a positive number, got {temperature}")
-    return Release(raw.images, raw.labels, soft, temperature)
+    return Release(raw.images, raw.labels, soft, temperature, tuple(raw.class_names))
+
+
+def load_release(path: str | Path, info: DatasetInfo) -> Release:
+    """The release in ``path``; DataError unless its images and labels fit ``info``'s shape and classes."""
+    path = Path(path)
+    release = read_release(path, info.num_classes)
+    if release.images.shape[1:] != info.shape:
+        raise DataError(f"{path}: images are {release.images.shape[1:]} (C x H x W) but dataset {info.name!r} "
+                        f"has {info.shape}; evaluate against the dataset the release imitates")
+    return release
 
 
 def _check_soft_labels(soft: np.ndarray, count: int, num_classes: int, path: Path) -> None:

@@ -210,6 +210,22 @@ def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @dataclass(frozen=True)
+class Paper:
+    """The publication a method implements, cited by its docs page and by every release's datasheet."""
+
+    authors: str
+    title: str
+    venue: str
+    year: int
+    url: str
+
+    def markdown(self) -> str:
+        """``**Paper:** authors. *title.* venue, year. [link](url)``."""
+        label = "arXiv:" + self.url.rsplit("/", 1)[1] if "arxiv.org/abs/" in self.url else "OpenReview"
+        return f"**Paper:** {self.authors}. *{self.title}.* {self.venue}, {self.year}. [{label}]({self.url})"
+
+
+@dataclass(frozen=True)
 class Release:
     """What :meth:`Method.generate` returns: images in [0, 1], their labels, the soft labels of a method that
     releases them (else None), and how sampling ran (precision, compilation), which the run logs."""
@@ -229,15 +245,16 @@ CPU_PROTOCOL: dict[str, dict[str, Any]] = {"sampling": {"num_samples": 20000}, "
 class Method(ABC):
     """A DP image-synthesis method: its config sections, presets and privacy stages.
 
-    Subclasses set ``name``, ``description``, ``sections`` (their config sections with defaults) and
-    ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when ``generate`` returns soft
-    labels, ``needs_public_model`` when it cannot run without ``model.init_from`` (the bench then pre-trains one),
-    and register with :func:`register`. The derived preset (``auto``, :mod:`dpsynth.autoplan`) sizes the
-    ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
+    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (their
+    config sections with defaults) and ``presets`` (nested overrides of any config key), ``releases_soft_labels``
+    when ``generate`` returns soft labels, ``needs_public_model`` when it cannot run without ``model.init_from``
+    (the bench then pre-trains one), and register with :func:`register`. The derived preset (``auto``,
+    :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
+    paper: ClassVar[Paper]
     sections: ClassVar[dict[str, dict[str, Any]]]
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)

@@ -23,7 +23,7 @@ from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
 from ..privacy.mechanisms import release_gaussian
 from ..privacy.randomness import SecretStream
 from ..utils.images import class_grid, save_png, to_uint8
-from .base import CPU_PROTOCOL, Method, Release, RunContext, register, weights
+from .base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register, weights
 from .feature_generator import GeneratorSettings, fit_generator, generated_set
 from .random_features import FrequencySettings, RandomFourierFeatures, class_feature_sums
 
@@ -39,6 +39,11 @@ class DPMERF(Method):
     name = "dp-merf"
     unestimated_phases = ("the Fourier features and the generator",)
     description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
+    paper = Paper("Frederik Harder, Kamil Adamczewski, Mijung Park",
+                  "DP-MERF: Differentially Private Mean Embeddings with Random Features for Practical "
+                  "Privacy-Preserving Data Generation",
+                  "International Conference on Artificial Intelligence and Statistics (AISTATS)", 2021,
+                  "https://arxiv.org/abs/2002.11603")
     sections = {
         "frequency": {"features": 10000, "bandwidth": 105.0, "seed": 0},
         "generator": {"latent": 60, "width": 64, "epochs": 5, "iterations_per_epoch": 550, "batch_size": 100,

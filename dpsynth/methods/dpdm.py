@@ -22,7 +22,7 @@ from ..models import build_unet
 from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import memory_limited_by, to_device
-from .base import CPU_PROTOCOL, Method, Release, RunContext, register
+from .base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register
 from .training import DpsgdSection, MakeBatch, PrivateTraining
 
 DPSGD_STAGE = "dp-sgd"
@@ -35,6 +35,8 @@ class DPDM(Method):
 
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
+    paper = Paper("Tim Dockhorn, Tianshi Cao, Arash Vahdat, Karsten Kreis", "Differentially Private Diffusion Models",
+                  "Transactions on Machine Learning Research (TMLR)", 2023, "https://arxiv.org/abs/2210.09929")
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
     dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
     sections = {

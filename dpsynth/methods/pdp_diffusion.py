@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..privacy import PlannedStage
-from .base import register
+from .base import Paper, register
 from .dpdm import DPDM
 
 
@@ -17,6 +17,10 @@ class PDPDiffusion(DPDM):
 
     name = "pdp-diffusion"
     description = "DP-SGD fine-tuning of a diffusion model pre-trained on public data"
+    paper = Paper("Sahra Ghalebikesabi, Leonard Berrada, Sven Gowal, Ira Ktena, Robert Stanforth, Jamie Hayes, "
+                  "Soham De, Samuel L. Smith, Olivia Wiles, Borja Balle",
+                  "Differentially Private Diffusion Models Generate Useful Synthetic Images", "Preprint", 2023,
+                  "https://arxiv.org/abs/2302.13861")
     sections = DPDM.sections
     # DPImageBench runs PDP-Diffusion with DPDM's DP-SGD settings after pre-training on ImageNet-32 (160 epochs,
     # batch 1024, Adam 3e-4: `dpsynth pretrain --for pdp-diffusion --preset paper --iterations ...`).

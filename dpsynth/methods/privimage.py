@@ -37,7 +37,7 @@ from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
 from ..privacy.mechanisms import release_counts
 from ..privacy.randomness import SecretStream
 from ..utils.device import to_device
-from .base import RunContext, register
+from .base import Paper, RunContext, register
 from .dpdm import DPDM, DPSGD_STAGE
 from .warmup import Warmup, WarmupSettings, diffusion_loss
 
@@ -70,6 +70,10 @@ class PrivImage(DPDM):
     public_sections = ("public_pretrain",)
     unestimated_phases = ("the semantic query classifier",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
+    paper = Paper("Kecen Li, Chen Gong, Zhixiang Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
+                  "PrivImage: Differentially Private Synthetic Image Generation using Diffusion Models with "
+                  "Semantic-Aware Pretraining", "USENIX Security Symposium", 2024,
+                  "https://arxiv.org/abs/2311.12850")
     class_starts: ClassVar[tuple[str, ...]] = ("matched", "shared")
     sections = {
         **DPDM.sections,

@@ -17,7 +17,7 @@ from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import RunContext, register
+from ..base import Paper, RunContext, register
 from ..dpdm import DPDM, DPSGD_STAGE
 from ..warmup import LossFn, Warmup, WarmupSettings, diffusion_loss
 from .central import KINDS, CentralQuery, central_images
@@ -54,6 +54,9 @@ class DPFETA(DPDM):
     name = "dp-feta"
     public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
+    paper = Paper("Kecen Li, Chen Gong, Xiaochen Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
+                  "From Easy to Hard: Building a Shortcut for Differentially Private Image Synthesis",
+                  "IEEE Symposium on Security and Privacy (S&P)", 2025, "https://arxiv.org/abs/2504.01395")
     sections = {
         **DPDM.sections,
         "central": {"kind": "mean", "count": 5, "batch_size": 6000, "noise_multiplier": 5.0, "clip": 28.0,

@@ -31,7 +31,7 @@ from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechan
 from ...privacy.dpsgd import DpsgdSettings
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, Method, Release, RunContext, register, weights
+from ..base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register, weights
 from ..training import PrivateTraining, dpsgd_schedule
 from .alignment import AlignmentSettings, align_images, uniform_targets
 from .statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
@@ -80,6 +80,10 @@ class DPImgSyn(Method):
     unestimated_phases = ("the DP statistics", "the alignment of public images")
     releases_soft_labels = True
     description = "DP-ImgSyn: public images aligned to a DP teacher's DP statistics, released with soft labels"
+    paper = Paper("Efstathia Soufleri, Deepak Ravikumar, Kaushik Roy",
+                  "DP-ImgSyn: Dataset Alignment for Obfuscated, Differentially Private Image Synthesis",
+                  "Transactions on Machine Learning Research (TMLR)", 2024,
+                  "https://openreview.net/forum?id=KleJZ9ZzYw")
     sections = {
         "teacher": {"blocks": [2, 2, 2, 2], "widths": [64, 128, 256, 512], "groups": 32, "batch_size": 128,
                     "epochs": 20.0, "lr": 0.01, "momentum": 0.9, "clip": 1.2, "physical_batch_size": 64,

@@ -41,7 +41,7 @@ from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, RunContext, register, weights
+from ..base import CPU_PROTOCOL, Paper, RunContext, register, weights
 from ..dpdm import DPDM
 from ..training import DpsgdSection, MakeBatch
 from .distillation import Discriminator, StudentLoss, discriminator_loss
@@ -90,6 +90,9 @@ class DPSAD(DPDM):
     dpsgd_sections = ("teacher", "student")  # the student's step is timed as the teacher's
     unestimated_phases = ("the teacher's sample pool", "the discriminator")
     description = "student diffusion model distilled from a DP teacher with a discriminator (sound DP-SAD)"
+    paper = Paper("Bochao Liu, Pengju Wang, Shiming Ge",
+                  "Learning Differentially Private Diffusion Models via Stochastic Adversarial Distillation",
+                  "European Conference on Computer Vision (ECCV)", 2024, "https://arxiv.org/abs/2408.14738")
     sections = {
         "model": DPDM.sections["model"],
         "diffusion": DPDM.sections["diffusion"],

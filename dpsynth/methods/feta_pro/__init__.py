@@ -16,7 +16,7 @@ from ...config import Config, choice_setting, positive, preset_with, section_set
 from ...data import DatasetInfo, ImageSet
 from ...privacy import PlannedStage
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import RunContext, register
+from ..base import Paper, RunContext, register
 from ..dp_feta import DPFETA
 from ..feature_generator import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
 from ..random_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
@@ -60,6 +60,9 @@ class FETAPro(DPFETA):
     public_sections = ("warmup", "frequency_warmup")
     unestimated_phases = ("the auxiliary generator",)
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
+    paper = Paper("Chen Gong, Kecen Li, Zinan Lin, Tianhao Wang",
+                  "From Easy to Hard++: Promoting Differentially Private Image Synthesis Through Spatial-Frequency "
+                  "Curriculum", "Preprint", 2026, "https://arxiv.org/abs/2601.06368")
     sections = {
         **DPFETA.sections,
         "central": {**DPFETA.sections["central"], "noise_multiplier": None},

@@ -34,7 +34,7 @@ from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
 from ...runs import LOG
 from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, Method, Release, RunContext, register
+from ..base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
 from .histogram import dp_histograms, nearest_neighbour_votes
@@ -98,6 +98,10 @@ class PrivateEvolution(Method):
     name = "pe"
     unestimated_phases = ("the API's generation and the votes",)
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
+    paper = Paper("Zinan Lin, Sivakanth Gopi, Janardhan Kulkarni, Harsha Nori, Sergey Yekhanin",
+                  "Differentially Private Synthetic Data via Foundation Model APIs 1: Images",
+                  "International Conference on Learning Representations (ICLR)", 2024,
+                  "https://arxiv.org/abs/2305.15560")
     sections = {
         "api": {"name": "drawtext", "characters": "0123456789", "font_dirs": ["/usr/share/fonts/truetype",
                                                                             "/usr/share/fonts/opentype"],
