@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -148,3 +149,14 @@ def test_the_privacy_json_example_quotes_the_bench_release_it_names():
     common = set(shown) & set(recorded) - {"release_files"}
     assert {"epsilon", "delta", "stages", "dataset_size"} <= common
     assert {key: shown[key] for key in common} == {key: recorded[key] for key in common}
+
+
+def test_the_docs_build_refuses_a_page_out_of_sync_with_history_or_without_its_paper():
+    page = SimpleNamespace(file=SimpleNamespace(src_path="methods/dpdm.md"))
+    current = (ROOT / "docs" / "methods" / "dpdm.md").read_text()
+    assert HOOKS.on_page_markdown(current, page=page) == current
+    stale = re.sub(r"(<!-- steps: [^>]+ -->)[^<]*", r"\g<1>1", current, count=1)
+    for broken, problem in [(stale, "out of sync"), (current + "\nMeasured in issue 7.\n", "issue 7"),
+                            ("# DPDM\n", "lacks a \\*\\*Paper:\\*\\* line")]:
+        with pytest.raises(HOOKS.OutOfSync, match=problem):
+            HOOKS.on_page_markdown(broken, page=page)

@@ -88,7 +88,8 @@ def test_a_user_set_seed_warns_and_a_secret_run_says_so_in_its_report(tmp_path):
     assert run.config()["run"]["seed"] is None  # no seed in config.yaml: the keys live in the checkpoint only
     saved = torch.load(run.file("checkpoint.pt"), weights_only=True)["state"]["rng"]
     assert set(saved["noise"]) == {"draws"}  # released: the noise key is gone from the checkpoint
-    assert sorted(p.name for p in run.file("release").iterdir()) == ["privacy.json", "samples.png", "synthetic.npz"]
+    assert sorted(p.name for p in run.file("release").iterdir()) == ["README.md", "privacy.json", "samples.png",
+                                                                     "synthetic.npz"]
 
 
 def test_public_images_that_are_private_images_are_refused(tmp_path):
