@@ -5,6 +5,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -221,7 +222,7 @@ class Paper:
 
     def markdown(self) -> str:
         """``**Paper:** authors. *title.* venue, year. [link](url)``."""
-        label = "arXiv:" + self.url.rsplit("/", 1)[1] if "arxiv.org/abs/" in self.url else "OpenReview"
+        label = "arXiv:" + self.url.rsplit("/", 1)[1] if "arxiv.org/abs/" in self.url else urlparse(self.url).netloc
         return f"**Paper:** {self.authors}. *{self.title}.* {self.venue}, {self.year}. [{label}]({self.url})"
 
 
