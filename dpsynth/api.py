@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 from .autoplan.rules import parse_duration
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .data.registry import train_size
+from .data.registry import SplitSize, dataset_shape_votes, train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
@@ -38,6 +38,10 @@ from .utils.device import pick_device
 # The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
 SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
 SIZE_CHOICES = ("auto", "noisy")
+# A folder's shape where a setting is auto: its images' votes plus Gaussian noise, SHAPE_NOISE times their
+# sensitivity (stage SHAPE_STAGE).
+SHAPE_NOISE, SHAPE_STAGE = 25.0, "dataset-shape"
+SHAPE_TRUSTED = 8  # below this many SHAPE_NOISEs of noisy votes in all, a run warns that noise decided the shape
 
 
 def resolve_config(
@@ -92,8 +96,9 @@ def validate_config(config: Config) -> None:
 # Keys whose default (None: off; model.class_start's "shared", as its settings say) keeps the behaviour of runs
 # configured before they existed.
 KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "model.class_start", "privacy.dataset_size",
-                    "privacy.noisy_dataset_size", "privacy.max_images_per_group", "plan.time_budget",
-                    "plan.user_keys", "plan.base", "plan.probe", "plan.decisions", "plan.expected_seconds")
+                    "privacy.noisy_dataset_size", "privacy.noisy_shape", "privacy.max_images_per_group",
+                    "plan.time_budget", "plan.user_keys", "plan.base", "plan.probe", "plan.decisions",
+                    "plan.expected_seconds")
 
 
 def check_stored_config(config: Config, source: str) -> None:
@@ -114,14 +119,54 @@ def check_stored_config(config: Config, source: str) -> None:
 
 
 def dataset_from_config(config: Config) -> Dataset:
-    """Load and split the dataset that ``config['dataset']`` describes, its public size set by
-    :func:`with_public_size`."""
-    settings = config["dataset"]
-    return with_public_size(config, load_dataset(
+    """Load and split the dataset that ``config['dataset']`` describes, at the shape a run drew for it
+    (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
+    settings, drawn = config["dataset"], config.get("privacy", {}).get("noisy_shape")
+    resolution, channels = settings["resolution"], settings["channels"]
+    if drawn is not None:
+        channels, resolution = drawn
+    dataset = load_dataset(
         settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
-        split_seed=settings["split_seed"], resolution=settings["resolution"], channels=settings["channels"],
+        split_seed=settings["split_seed"], resolution=resolution, channels=channels,
         num_classes=settings.get("num_classes"), num_images=settings.get("num_images"),
-    ))
+    )
+    if drawn is not None:
+        decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE_STAGE})"
+        dataset = replace(dataset, info=replace(dataset.info, shape_decision=decision))
+    return with_public_size(config, dataset)
+
+
+def draws_noisy_shape(config: Config) -> bool:
+    """Whether a run of ``config`` decides its dataset's shape by a DP vote of the images: a folder (a source whose
+    images choose) with ``dataset.resolution`` or ``dataset.channels`` left auto."""
+    settings = config["dataset"]
+    return get_source(settings["name"]).shape_votes is not None and AUTO in (settings["resolution"],
+                                                                            settings["channels"])
+
+
+def with_noisy_shape(config: Config) -> Config:
+    """``config`` with the shape its run reads the dataset at, where a DP vote decides it and none was drawn yet:
+    the images' votes (:class:`~dpsynth.data.sources.ShapeVotes`) plus Gaussian noise, SHAPE_NOISE times their L2
+    sensitivity (1 for one setting left auto, sqrt 2 for both), from a stream of its own, decided as the exact
+    votes would be and written to ``privacy.noisy_shape`` as [channels, side] (the run records
+    :data:`SHAPE_STAGE`)."""
+    if not draws_noisy_shape(config) or config["privacy"].get("noisy_shape") is not None:
+        return config
+    settings = config["dataset"]
+    votes = dataset_shape_votes(settings["name"], settings["data_dir"], settings["resolution"], settings["channels"])
+    assert votes is not None  # draws_noisy_shape: the source votes and a setting is auto
+    noise = SecretStream(stream_key(config["run"]["seed"], SHAPE_STAGE))
+    std = SHAPE_NOISE * votes.sensitivity
+    noisy = replace(votes, by_side=votes.by_side + std * noise.normal(len(votes.by_side)).numpy(),
+                    by_colour=votes.by_colour + std * noise.normal(len(votes.by_colour)).numpy())
+    side, channels = noisy.decide()
+    if noisy.total() < SHAPE_TRUSTED * SHAPE_NOISE:  # post-processing of the noisy votes, like the decision
+        warnings.warn(f"{settings['name']}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
+                      "so few images vote that the noise decides more than they do; declare the shape instead "
+                      "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
+    config = copy.deepcopy(config)
+    config["privacy"]["noisy_shape"] = [channels, side]
+    return config
 
 
 def with_public_size(config: Config, dataset: Dataset) -> Dataset:
@@ -136,16 +181,16 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
     total, how = (rule, "declared") if rule not in SIZE_CHOICES else (privacy.get("noisy_dataset_size"), "noisy")
     if total is None:
         return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
-    source, settings = get_source(info.name), config["dataset"]
-    try:
-        size = train_size(int(total), source.val_size if settings["val_size"] is None else settings["val_size"],
-                          source.test_size if settings["test_size"] is None else settings["test_size"],
-                          info.official_test, f"{info.name} (privacy.dataset_size {how}: {total})")
-    except DataError as exc:
-        hint = (f"; the noisy count of a set this small (its size plus N(0, {SIZE_NOISE:g}^2)) leaves too little: "
-                "declare its size public instead (--set privacy.dataset_size=N)") if how == "noisy" else ""
-        raise DataError(f"{exc}{hint}") from None
+    size = train_size(int(total), *held_out(config), info.official_test,
+                      f"{info.name} (privacy.dataset_size {how}: {total})")
     return replace(dataset, info=replace(info, public_train=size, size_rule=how))
+
+
+def held_out(config: Config) -> tuple[SplitSize, SplitSize]:
+    """The validation and test sizes of ``config``'s dataset: as set, else the dataset's own."""
+    source, settings = get_source(config["dataset"]["name"]), config["dataset"]
+    return (source.val_size if settings["val_size"] is None else settings["val_size"],
+            source.test_size if settings["test_size"] is None else settings["test_size"])
 
 
 def draws_noisy_size(info: DatasetInfo) -> bool:
@@ -153,12 +198,27 @@ def draws_noisy_size(info: DatasetInfo) -> bool:
     return info.size_rule in ("noisy", "private")
 
 
-def noisy_total(dataset: Dataset, seed: int | None) -> int:
+def noisy_total(dataset: Dataset, config: Config) -> int:
     """The number of units (images, or groups) of ``dataset`` (all splits but an official test part) plus
-    N(0, SIZE_NOISE^2), rounded, from a stream of its own (the caller records :data:`SIZE_STAGE`)."""
-    exact = sum(size for split, size in dataset.info.unit_counts.items()
-                if split != "test" or not dataset.info.official_test)
-    return noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(seed, SIZE_STAGE)))
+    N(0, SIZE_NOISE^2), rounded, from a stream of its own (the caller records :data:`SIZE_STAGE`), raised to the
+    least total that leaves ``config``'s splits a training unit: a clamp, post-processing, where a refusal and a
+    fresh draw would make the published count depend on the exact one."""
+    info = dataset.info
+    exact = sum(size for split, size in info.unit_counts.items() if split != "test" or not info.official_test)
+    noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(config["run"]["seed"], SIZE_STAGE)))
+    return max(noisy, least_total(*held_out(config), info.official_test))
+
+
+def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) -> int:
+    """The smallest number of units that the validation and test sizes leave one training unit (a loaded
+    dataset's own total does, so the search ends)."""
+    total = 1
+    while True:
+        try:
+            train_size(total, val_size, test_size, official_test, "")
+            return total
+        except DataError:
+            total += 1
 
 
 def resolve_delta(config: Config, num_train: int) -> float:
@@ -190,10 +250,16 @@ def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     delta = resolve_delta(config, info.num_train)
     accountant = Accountant(config["privacy"]["accountant"])
     target = float(config["privacy"]["epsilon"])
-    size = [PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else []
-    stages = plan_budget(size + method.privacy_stages(info), target, delta, accountant)
+    stages = plan_budget(dataset_stages(config, info) + method.privacy_stages(info), target, delta, accountant)
     check_non_private(config, stages)
     return BudgetPlan(accountant, delta, target, stages, info.num_train)
+
+
+def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
+    """The mechanisms a run of ``config`` on ``info`` releases facts of its dataset with, before the method's:
+    the shape a DP vote decides, then the noisy size."""
+    shape = [PlannedStage(SHAPE_STAGE, event=GaussianMechanism(SHAPE_NOISE))] if draws_noisy_shape(config) else []
+    return shape + ([PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else [])
 
 
 def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
@@ -220,11 +286,8 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
 
     if draw_size and config["preset"] == "auto" and with_public_size(config, dataset).info.size_rule == "private":
         config = copy.deepcopy(config)
-        config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config["run"]["seed"])
+        config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
     dataset = with_public_size(config, dataset)
-    if dataset.info.shape_decision:  # the run keeps the shape its folder was read at, whatever the folder becomes
-        config = copy.deepcopy(config)
-        config["dataset"].update(resolution=dataset.info.height, channels=dataset.info.channels)
     return derive_config(config, dataset.info, device), dataset
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import build_config, parse_overrides
 from .diffusion.settings import PretrainSettings
-from .errors import DpsynthError
+from .errors import AuditFailure, DpsynthError
 from .methods import METHODS
 from .provenance import version_line
 
@@ -43,6 +43,8 @@ def _load_dataset(name: str, data_dir: str | None, overrides: list[str]) -> Data
 
 
 def _data_info(args: argparse.Namespace) -> None:
+    from .data import DATASETS
+
     dataset = _load_dataset(args.name, args.data_dir, args.set)
     info = dataset.info
     print(f"name:     {info.name}")
@@ -50,6 +52,8 @@ def _data_info(args: argparse.Namespace) -> None:
     print(f"shape:    {info.channels} x {info.height} x {info.width} (C x H x W), values in [0, 1]")
     if info.shape_decision:
         print(f"decided:  {info.shape_decision}")
+    elif DATASETS[info.name].shape_votes is not None:
+        print("decided:  as declared (dataset.resolution, dataset.channels): public, no epsilon spent")
     print(f"classes:  {info.num_classes}: {', '.join(info.class_names)}")
     sizes = ", ".join(f"{name} {count}" for name, count in info.split_sizes.items())
     print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
@@ -282,19 +286,24 @@ def _doctor(args: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
-    from .privacy.audit import AUDITS, run_audit
+    from .privacy.audit import AUDITS, BROKEN, run_audit
 
-    names = list(AUDITS) if args.mechanisms == ["all"] else args.mechanisms
+    names = [name for name in AUDITS if name not in BROKEN] if args.mechanisms == ["all"] else args.mechanisms
     unknown = [name for name in names if name not in AUDITS]
     if unknown:
         raise DpsynthError(f"unknown mechanism(s) {', '.join(unknown)}; known: all, {', '.join(AUDITS)}")
     print(f"{'mechanism':<22} {'claimed eps':>11} {'lower bound (95 %)':>18} {'trials':>8} {'seconds':>8}  "
           f"(delta = {args.delta:g})")
+    above = []
     for name in names:
         result = run_audit(name, AUDITS[name](), args.trials, args.delta, args.seed)
-        flag = "  LOWER BOUND ABOVE THE CLAIM" if result.lower_bound > result.claimed_epsilon else ""
+        if result.lower_bound > result.claimed_epsilon:
+            above.append(name)
         print(f"{name:<22} {result.claimed_epsilon:>11.3f} {result.lower_bound:>18.3f} {result.trials:>8} "
-              f"{result.seconds:>8.1f}{flag}", flush=True)
+              f"{result.seconds:>8.1f}{'  LOWER BOUND ABOVE THE CLAIM' if name in above else ''}", flush=True)
+    if above:
+        raise AuditFailure(f"audit failed: {', '.join(above)} leaked more than its ledger claims (a lower bound on "
+                           "epsilon above the claimed epsilon)")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -449,8 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: removed)")
     doctor.set_defaults(handler=_doctor)
 
-    audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests)")
-    audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM", help="all, or names from the table it prints")
+    audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests); "
+                                "exits 1 when a bound exceeds its mechanism's claim")
+    audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM",
+                       help="all (every mechanism the methods run), or names from the table it prints; "
+                            "broken-gaussian-sum and broken-group-step are wrong on purpose and must fail")
     audit.add_argument("--trials", type=int, default=20_000, help="runs with and without the canary, each")
     audit.add_argument("--delta", type=float, default=1e-5, help="the delta at which each lower bound on epsilon "
                                                                   "is computed")
@@ -478,7 +490,7 @@ def _how_to_continue(command: str, run_directory: Path | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; user errors print one line and exit with status 2."""
+    """Run the command line; user errors print one line and exit with status 2 (a failed audit: 1)."""
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], None] = args.handler
@@ -488,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler(args)
     except DpsynthError as exc:
         print(f"dpsynth: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt as interrupt:
         where = getattr(interrupt, "run_directory", None)
         print(f"dpsynth: interrupted; {_how_to_continue(args.command, where)}", file=sys.stderr)

@@ -28,8 +28,9 @@ BASE_CONFIG: Config = {
     },
     # max_images_per_group: with groups (one person's images), the most of a group's images a DP-SGD step reads
     # (the group's mean gradient is clipped, so the bound holds for any number; this caps the work).
+    # noisy_dataset_size and noisy_shape ([channels, side]) are written by a run, never by the user (RUN_WRITTEN).
     "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld", "dataset_size": "auto",
-                "noisy_dataset_size": None, "max_images_per_group": 16},
+                "noisy_dataset_size": None, "noisy_shape": None, "max_images_per_group": 16},
     # --preset auto: the time budget of the whole run; what the user set (kept), the base preset, the probe's
     # measurements, the decisions and the expected seconds of each phase (written by dpsynth.autoplan).
     "plan": {"time_budget": "30m", "user_keys": [], "base": None, "probe": None, "decisions": None,
@@ -63,6 +64,23 @@ BASE_CONFIG: Config = {
         "seed": 0,
     },
 }
+
+
+# Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published
+# under a DP label without the noise behind it, so --set, presets and a fresh run refuse them.
+RUN_WRITTEN = {
+    "privacy.noisy_dataset_size": "the noisy count of the training set's size; to publish the size without "
+                                  "noise, declare it: privacy.dataset_size=N",
+    "privacy.noisy_shape": "the shape a DP vote of a folder's images decided; to choose it without noise, declare "
+                           "it: dataset.resolution=R and dataset.channels=C",
+}
+
+
+def check_not_run_written(keys: Iterable[str], source: str) -> None:
+    """ConfigError naming ``source`` when ``keys`` hold a key only a run writes (:data:`RUN_WRITTEN`)."""
+    for key in keys:
+        if key in RUN_WRITTEN:
+            raise ConfigError(f"{source} {key}: only a run writes this key ({RUN_WRITTEN[key]})")
 
 
 def flat_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -160,8 +178,10 @@ def build_config(
         if section in config:
             raise ConfigError(f"method section {section!r} clashes with a shared section")
         config[section] = copy.deepcopy(dict(values))
+    check_not_run_written(flat_keys(preset), f"preset {preset_name!r}:")
     merge(config, preset, f"preset {preset_name!r}")
     for key, value in overrides:
+        check_not_run_written([key], "--set")
         set_value(config, key, value)
     return config
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .api import SHAPE_STAGE
 from .data import DatasetInfo
 from .methods.base import Method
 
@@ -62,9 +63,12 @@ def _guarantee(report: dict[str, Any]) -> list[str]:
 
 
 def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
+    voted = SHAPE_STAGE in [stage["name"] for stage in report.get("stages", [])]
     lines = ["## Treated as public", "",
-             f"- The class names ({', '.join(info.class_names)}), the image size ({' x '.join(map(str, info.shape))})"
-             " and the number of classes.",
+             f"- The class names ({', '.join(info.class_names)}) and the number of classes.",
+             f"- The image size ({' x '.join(map(str, info.shape))}): " + (
+                 f"a noisy vote of the images, released as the stage {SHAPE_STAGE} below." if voted else
+                 "declared by the data holder or fixed by the data set's format."),
              f"- The training set's size, {report['dataset_size']:,}: {SIZE_RULES[report['dataset_size_rule']]}."]
     public = report.get("public_data") or {}
     if not public:

@@ -18,6 +18,13 @@ class PrivacyError(DpsynthError):
     """A privacy budget cannot be met or a privacy record is inconsistent."""
 
 
+class AuditFailure(DpsynthError):
+    """A privacy audit found a lower bound on epsilon above a mechanism's claim: ``dpsynth audit`` exits 1 (bad
+    input exits 2)."""
+
+    exit_code = 1
+
+
 class OutOfMemory(DpsynthError):
     """Device memory ran out while ``doing``: the setting to lower and the command (``retry``, whose run directory
     may still be the placeholder RUN_DIR) that continues with half of it."""

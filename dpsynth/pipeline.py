@@ -12,27 +12,40 @@ from typing import Any
 import torch
 
 from .api import (
+    SHAPE_NOISE,
+    SHAPE_STAGE,
     SIZE_NOISE,
     SIZE_STAGE,
     BudgetPlan,
     PrivacyWarning,
     check_stored_config,
     dataset_from_config,
+    draws_noisy_shape,
     format_derived_plan,
     noisy_total,
     plan_budget_for,
     planned_config,
     resolve_delta,
+    with_noisy_shape,
     with_public_size,
 )
-from .config import BASE_CONFIG, Config, build_config, flat_keys, get_value, set_value
+from .config import (
+    BASE_CONFIG,
+    RUN_WRITTEN,
+    Config,
+    build_config,
+    check_not_run_written,
+    flat_keys,
+    get_value,
+    set_value,
+)
 from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
 from .datasheet import datasheet
 from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
-from .evaluation import EvaluationSettings, evaluate_release, load_release, selection_ledger
-from .hardware import hardware_choices, thread_governor
+from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
+from .hardware import AUTO, hardware_choices, thread_governor
 from .methods import get_method
 from .methods.base import Method, RunContext
 from .privacy import (
@@ -56,10 +69,13 @@ NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ b
 
 def start(config: Config) -> RunDirectory:
     """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
-    for ``config`` and execute it (on every process torchrun started; rank 0 creates the directory)."""
+    for ``config`` and execute it (on every process torchrun started; rank 0 draws what the data decides, creates
+    the directory and plans for every rank)."""
+    check_not_run_written([key for key in RUN_WRITTEN if get_value(config, key) is not None], "a new run's config:")
     device = pick_device(config["run"]["device"])
-    dataset = dataset_from_config(config)
     world = World.from_environment(device)
+    config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
+    dataset = dataset_from_config(config)
     if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
         config, dataset = planned_config(config, dataset, world.device(device), draw_size=True)
     config = world.broadcast_object(config if world.is_main else None)
@@ -175,8 +191,9 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
     settings = fixed_settings(config)
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, bool(config["run"]["allow_non_private"])))
-    if SIZE_STAGE in plan and SIZE_STAGE not in ledger.stages():  # drawn by _with_size, before the first checkpoint
-        ledger.record(SIZE_STAGE, GaussianMechanism(SIZE_NOISE))
+    for stage, noise in ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE)):  # drawn before the first checkpoint
+        if stage in plan and stage not in ledger.stages():
+            ledger.record(stage, GaussianMechanism(noise))
     if world.is_main:
         run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
                 processes=world.size)
@@ -207,7 +224,7 @@ def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
         raise DpsynthError(f"{run.path}: this run was started by a dpsynth that planned with the exact size of "
                            "private data; it cannot resume under the rule that keeps that size private: start it "
                            "again")
-    config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config["run"]["seed"])
+    config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
     run.write_config(config)
     return config
 
@@ -299,7 +316,7 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
     every evaluation that selects on the same private records.
     """
     path = Path(path)
-    config = build_config({}, {}, "none", overrides)
+    config = _at_release_shape(build_config({}, {}, "none", overrides), path)
     dataset = dataset_from_config(config)
     run = inside_release(path)
     out = Path(out_dir) if out_dir is not None else (run or path.parent) / f"{path.stem}-evaluation"
@@ -313,6 +330,18 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
                                EvaluationSettings.from_config(config["evaluation"]), ledger, accountant, delta, out,
                                pick_device(config["run"]["device"]))
     return metrics, out
+
+
+def _at_release_shape(config: Config, path: Path) -> Config:
+    """``config`` with the shape settings a folder's images would vote on (left auto) set to the release's, which
+    is public: the real images are read at the shape the release was made at."""
+    if not draws_noisy_shape(config):
+        return config
+    _, channels, side, _ = read_release(path).images.shape
+    for key, value in (("resolution", side), ("channels", channels)):
+        if config["dataset"][key] == AUTO:
+            config["dataset"][key] = int(value)
+    return config
 
 
 def _log_groups(run: RunDirectory, dataset: Dataset, config: Config) -> None:

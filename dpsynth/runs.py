@@ -25,7 +25,6 @@ derived from private data only after the checkpoint that covers its events.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -41,7 +40,7 @@ from .config import Config, dump_config, load_config
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
-from .utils.io import atomic_write, atomic_write_json, atomic_write_text
+from .utils.io import atomic_write, atomic_write_json, atomic_write_text, sha256
 
 CONFIG, LEDGER, CHECKPOINT, LOG = "config.yaml", "ledger.json", "checkpoint.pt", "log.jsonl"
 METHOD_METRICS = "method_metrics.json"
@@ -265,11 +264,6 @@ def _check_settings(saved: dict[str, Any], current: dict[str, Any] | None, confi
 
 
 _MISSING = object()
-
-
-def sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, in hex."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def inside_release(path: str | Path) -> Path | None:

@@ -155,6 +155,11 @@ def finished_run(*args: str) -> Path:
     return run_directory(done.out)
 
 
+def absolute_paths(text: str) -> list[str]:
+    """The absolute file paths (``/a/b``...) in ``text``; a URL's path is none."""
+    return re.findall(r"(?<![\w.:/~-])/[\w.-]+(?:/[\w.-]+)+", text)
+
+
 def privacy_report(run: Path) -> dict:
     """The run's privacy.json."""
     return json.loads((run / "release" / "privacy.json").read_text())

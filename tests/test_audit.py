@@ -54,10 +54,13 @@ def test_the_audit_catches_noise_divided_by_the_batch_size_twice():
     assert result.lower_bound > result.claimed_epsilon + 2
 
 
-def test_dpsynth_audit_prints_a_table_and_flags_a_bound_above_the_claim():
+def test_dpsynth_audit_prints_a_table_and_fails_on_a_bound_above_the_claim():
     done = dpsynth_main("audit", "report-noisy-max", "broken-gaussian-sum", "--trials", "2000")
-    assert done.code == 0, done.err
+    assert done.code == 1  # an audit that finds a leak fails the job that runs it
     rows = done.out.splitlines()
     assert rows[0].split()[:3] == ["mechanism", "claimed", "eps"]
     assert rows[1].startswith("report-noisy-max") and "ABOVE" not in rows[1]
     assert rows[2].startswith("broken-gaussian-sum") and rows[2].endswith("LOWER BOUND ABOVE THE CLAIM")
+    assert done.err.strip() == ("dpsynth: error: audit failed: broken-gaussian-sum leaked more than its ledger "
+                                "claims (a lower bound on epsilon above the claimed epsilon)")
+    assert dpsynth_main("audit", "report-noisy-max", "--trials", "2000").code == 0

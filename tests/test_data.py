@@ -77,7 +77,9 @@ def test_photo_patches_are_distinct_natural_crops_drawn_the_same_everywhere():
 @pytest.mark.parametrize("compress", [True, False])
 def test_mnist_idx_directory(tmp_path, compress):
     images, labels = write_idx_set(tmp_path, compress=compress)
-    dataset = load_dataset("mnist", tmp_path, val_size=20)
+    with pytest.warns(UserWarning, match="holds 120 training images, the published set 60,000: planning uses"):
+        dataset = load_dataset("mnist", tmp_path, val_size=20)
+    assert (dataset.info.size_rule, dataset.info.public_train) == ("published", 59_980)  # by the name, not the files
     assert_well_formed(dataset, (1, 28, 28), 10)
     assert dataset.info.split_sizes == {"train": 100, "val": 20, "test": 30}
     together = torch.cat([dataset.train.images, dataset.val.images]).mul(255).round().byte()
@@ -85,7 +87,8 @@ def test_mnist_idx_directory(tmp_path, compress):
 
 
 def test_fashion_mnist_from_given_directory(idx_dir):
-    assert load_dataset("fashion-mnist", idx_dir, val_size=10).info.source == str(idx_dir)
+    with pytest.warns(UserWarning, match="planning uses the published size"):
+        assert load_dataset("fashion-mnist", idx_dir, val_size=10).info.source == str(idx_dir)
 
 
 def test_missing_files_say_how_to_get_them(tmp_path):
@@ -143,7 +146,8 @@ def write_cifar(directory: Path, per_batch: int = 20) -> None:
 
 def test_cifar10_python_batches(tmp_path):
     write_cifar(tmp_path / "cifar-10-batches-py")
-    dataset = load_dataset("cifar10", tmp_path, val_size=10)  # the parent directory works too
+    with pytest.warns(UserWarning, match="holds 100 training images, the published set 50,000"):
+        dataset = load_dataset("cifar10", tmp_path, val_size=10)  # the parent directory works too
     assert_well_formed(dataset, (3, 32, 32), 10)
     assert dataset.info.split_sizes == {"train": 90, "val": 10, "test": 20}
 
@@ -189,8 +193,12 @@ def test_folder_of_class_folders(tmp_path, channels):
 def test_folder_errors(tmp_path):
     write_folder(tmp_path)
     (tmp_path / "birds").mkdir()
-    with pytest.raises(DataError, match="birds: class folder holds no image files"):
-        load_dataset("folder", tmp_path)
+    with pytest.warns(UserWarning, match="birds: class folder holds no image files; the class is kept"):
+        dataset = load_dataset("folder", tmp_path, resolution=16)
+    assert dataset.info.class_names == ["birds", "cats", "dogs"] and 0 not in dataset.train.labels
+    (tmp_path / "birds" / "sole").mkdir()
+    with pytest.raises(DataError, match="its class folders hold no image files"), pytest.warns(UserWarning):
+        load_dataset("folder", tmp_path / "birds")
     (tmp_path / "birds" / "broken.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DataError, match="broken.png: unreadable image file"):
         load_dataset("folder", tmp_path)
@@ -260,27 +268,28 @@ def test_split_sizes_validated():
         load_dataset("digits", val_size=1.5)
 
 
-def write_scans(root: Path, size: tuple[int, int], colour_in: int | None = None) -> None:
-    """Two class folders of 5 grey images of ``size`` (width, height), saved as RGB; image ``colour_in`` coloured."""
+def write_scans(root: Path, size: tuple[int, int], coloured: int = 0) -> None:
+    """Two class folders of 5 grey images of ``size`` (width, height), saved as RGB; the first ``coloured`` of each
+    coloured."""
     rng = np.random.default_rng(0)
     for name in ("scans-a", "scans-b"):
         (root / name).mkdir(parents=True)
         for i in range(5):
             pixels = np.repeat(rng.integers(0, 256, (size[1] + i, size[0], 1), dtype=np.uint8), 3, axis=2)
-            if i == colour_in:
+            if i < coloured:
                 pixels[..., 0] = 255 - pixels[..., 0]
             Image.fromarray(pixels).save(root / name / f"{i}.png")
 
 
-@pytest.mark.parametrize("size, colour_in, shape", [((100, 80), None, (1, 64, 64)), ((100, 80), 3, (3, 64, 64)),
-                                                    ((20, 20), None, (1, 28, 28)), ((900, 700), None, (1, 128, 128))])
-def test_a_folder_is_read_at_the_shape_of_its_images(tmp_path, size, colour_in, shape):
-    write_scans(tmp_path, size, colour_in)
+@pytest.mark.parametrize("size, coloured, shape", [((100, 80), 0, (1, 64, 64)), ((100, 80), 3, (3, 64, 64)),
+                                                   ((100, 80), 2, (1, 64, 64)), ((20, 20), 0, (1, 28, 28)),
+                                                   ((900, 700), 0, (1, 128, 128))])
+def test_a_folder_is_read_at_the_shape_of_its_images(tmp_path, size, coloured, shape):
+    write_scans(tmp_path, size, coloured)
     dataset = load_dataset("folder", tmp_path, val_size=1, test_size=1)
     assert dataset.info.shape == shape
-    decision = dataset.info.shape_decision
-    assert f"resolution {shape[1]} (the images' median short side is" in decision
-    assert ("1 channel (every image is grey)" if shape[0] == 1 else "3 channels (some images have colour)") in decision
+    assert dataset.info.shape_decision.startswith(f"{shape[0]} x {shape[1]} x {shape[1]} by the exact vote of the "
+                                                  "images, private: a run decides it by a DP vote instead")
     fixed = load_dataset("folder", tmp_path, resolution=16, channels=3, val_size=1, test_size=1)
     assert fixed.info.shape == (3, 16, 16) and fixed.info.shape_decision is None
 
@@ -290,4 +299,4 @@ def test_data_info_shows_the_folder_decision(tmp_path, capsys):
     assert main(["data", "info", "folder", "--data-dir", str(tmp_path), "--set", "dataset.val_size=1",
                  "--set", "dataset.test_size=1"]) == 0
     out = capsys.readouterr().out
-    assert "shape:    1 x 64 x 64" in out and "decided:  resolution 64" in out and "every image is grey" in out
+    assert "shape:    1 x 64 x 64" in out and "decided:  1 x 64 x 64 by the exact vote of the images, private" in out

@@ -120,7 +120,8 @@ def test_pretrain_records_its_data_and_pe_refuses_a_model_trained_on_the_private
     assert np.array_equal(np.load(model / FINGERPRINTS), fingerprints(digits.train.images))
     config = resolve_config("pe", dataset="digits", epsilon=5.0, overrides=[
         "api.name=diffusion", f"api.model={model}", f"run.out_dir={tmp_path / 'runs'}"])
-    with pytest.raises(DataError, match=f"training data of api.model {model} is not disjoint"):
+    with pytest.raises(DataError, match=r"training data of api.model 'model' \(its unet/ SHA-256 [0-9a-f]{64}\) is "
+                                        "not disjoint"):
         start(config)
     (model / FINGERPRINTS).unlink()
     with pytest.warns(PrivacyWarning, match="cannot be checked"):

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import privacy_report, secret_stream
+from conftest import absolute_paths, privacy_report, secret_stream
 
 from dpsynth.api import check_stored_config, resolve_config
 from dpsynth.bench import Cell
@@ -27,6 +27,7 @@ from dpsynth.methods.privimage import semantic_histogram
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
+from dpsynth.utils.io import directory_sha256
 
 UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]
 DPSGD = ["dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=10"]
@@ -118,6 +119,11 @@ def test_a_run_from_a_public_model_spends_what_a_run_from_scratch_spends(tmp_pat
     started = run_on_digits(tmp_path / "started", "pdp-diffusion", f"model.init_from={out}")
     assert PrivacyLedger.load(started / "ledger.json") == PrivacyLedger.load(scratch / "ledger.json")
     assert privacy_report(started)["epsilon"] == privacy_report(scratch)["epsilon"]
+    (named,) = privacy_report(started)["public_data"]  # by the model's folder name and weights, not where it lies
+    weights = directory_sha256(out / "unet")
+    assert named == f"the training data of model.init_from 'public' (its unet/ SHA-256 {weights})"
+    for path in [*(started / "release").glob("*.json"), *(started / "release").glob("*.md")]:
+        assert not absolute_paths(path.read_text()), path
     log = [json.loads(line) for line in (started / "log.jsonl").read_text().splitlines()]
     (entry,) = [e for e in log if e["event"] == "public model"]
     assert entry["dataset"] == "glyphs" and entry["directory"] == str(out)

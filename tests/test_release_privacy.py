@@ -128,6 +128,9 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
     assert sample_rate == 1.0  # DP-MERF's one release: no size in it either
     for path in own.file("release").glob("*.json"):  # the exact size is nowhere in the release
         assert not {exact, 1797} & set(numbers(json.loads(path.read_text())))
+    sheet = own.file("release/README.md").read_text()
+    assert f"{report['dataset_size']:,}" in sheet  # the datasheet names the public size ...
+    assert not {exact, 1797} & {int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", sheet)}  # ... only
     ledger = PrivacyLedger.load(own.file("ledger.json"))
     assert ledger.stages()[SIZE_STAGE] == [GaussianMechanism(SIZE_NOISE)]
 
@@ -205,6 +208,8 @@ def test_the_noise_grid_is_open_and_symmetric():
 def reachable(output: float, count: float, std: float, rounded: bool) -> bool:
     """Whether ``count`` plus a normal of the stream's grid times ``std`` (rounded or not) can equal ``output``
     exactly: the float64 lattice test a neighbour's count must pass (Mironov 2012)."""
+    if rounded and output != round(output):
+        return False  # a rounded release is a whole number
     target = (output - count) / std
     sign = 1.0 if target <= 0 else -1.0
     p = float(torch.special.ndtr(torch.tensor(sign * target, dtype=torch.float64)))
@@ -230,6 +235,8 @@ def test_released_counts_are_whole_numbers_a_neighbour_can_always_reach():
     assert torch.equal(noisy, noisy.round())
     exact = torch.bincount(top.flatten(), minlength=40).double()
     assert all(reachable(float(y), float(c) + 1, std * 2, True) for y, c in zip(noisy, exact, strict=True))
+    unrounded = release_gaussian(exact, 1.0, std, PrivacyLedger(), "histogram", secret_stream(8))
+    assert not any(reachable(float(y), float(c), std, True) for y, c in zip(unrounded, exact, strict=True))
 
 
 def test_a_release_strips_the_noise_key_and_a_resume_refuses_an_edited_config(tmp_path):

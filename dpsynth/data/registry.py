@@ -1,6 +1,7 @@
 """The registry of datasets and the seeded train / validation / test split."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +13,12 @@ from ..errors import DataError
 from ..utils.images import convert_images
 from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
 from .sources import (
+    AUTO,
     FASHION_MNIST_DIR,
     PHOTO_PATCHES,
     LoadOptions,
+    ShapeVotes,
+    folder_votes,
     load_cifar10,
     load_digits,
     load_fashion_mnist,
@@ -40,6 +44,7 @@ class DatasetSource:
     val_size: SplitSize
     test_size: SplitSize = 0.1
     published_size: int | None = None  # images of the published training part (all, without an official test)
+    shape_votes: Callable[[LoadOptions], ShapeVotes] | None = None  # where a setting left auto follows the images
 
 
 DATASETS: dict[str, DatasetSource] = {
@@ -62,7 +67,7 @@ DATASETS: dict[str, DatasetSource] = {
         DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
                       "--data-dir with the python batches", load_cifar10, 5000, published_size=50000),
         DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",
-                      "--data-dir", load_folder, 0.1, 0.1),
+                      "--data-dir", load_folder, 0.1, 0.1, shape_votes=folder_votes),
         DatasetSource("npz", "arrays 'images' and 'labels' in an .npz file",
                       "--data-dir FILE.npz", load_npz, 0.1, 0.1),
     )
@@ -101,9 +106,9 @@ def train_size(total: int, val_size: SplitSize, test_size: SplitSize, official_t
 def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: SplitSize, seed: int,
                   published_size: int | None = None) -> Dataset:
     """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any.
-    When the training part holds ``published_size`` images (the standard set as published), the training split's
-    size follows from public numbers alone and is the public one. With groups, whole groups are split (the sizes
-    count groups), so no group has images on two sides."""
+    A standard set (one with a ``published_size``) plans with the training split's size that follows from the
+    published size alone, whatever the files hold (:func:`_published_train`). With groups, whole groups are split
+    (the sizes count groups), so no group has images on two sides."""
     official_test = raw.test_images is not None
     units = raw.groups if raw.groups is not None else np.arange(len(raw.labels))
     ids, members = np.unique(units, return_inverse=True)
@@ -127,11 +132,26 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
                         f"training images {raw.images.shape[1:]}")
     sizes = {"train": len(train), "val": len(val), "test": len(test)}
     groups = None if raw.groups is None else {"train": n_train, "val": n_val, "test": total - n_train - n_val}
-    published = len(raw.labels) == published_size and raw.groups is None
+    public_train = _published_train(name, len(raw.labels), published_size, val_size, test_size, official_test) \
+        if raw.groups is None else None
     info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes,
-                       public_train=n_train if published else None, size_rule="published" if published else "private",
+                       public_train=public_train, size_rule="private" if public_train is None else "published",
                        official_test=official_test, shape_decision=raw.shape_decision, group_counts=groups)
     return Dataset(info, train, val, test)
+
+
+def _published_train(name: str, count: int, published_size: int | None, val_size: SplitSize,
+                     test_size: SplitSize, official_test: bool) -> int | None:
+    """The training split's public size of a standard set: from its published size, whatever the files hold (the
+    rule follows the set's name, so neighbouring sets plan alike), with a warning to the data holder when they
+    hold another count; None for a set without a published size."""
+    if published_size is None:
+        return None
+    if count != published_size:
+        warnings.warn(f"dataset {name!r} holds {count:,} training images, the published set {published_size:,}: "
+                      f"planning uses the published size; for another set load it as npz or folder (its size is "
+                      "then released as a noisy count) or declare its size (privacy.dataset_size=N)", stacklevel=3)
+    return train_size(published_size, val_size, test_size, official_test, name)
 
 
 def _images_of(per_image: torch.Tensor, side: int, order: torch.Tensor) -> torch.Tensor:
@@ -167,6 +187,16 @@ def load_dataset(
         split_seed,
         source.published_size,
     )
+
+
+def dataset_shape_votes(name: str, data_dir: str | Path | None, resolution: int | str = AUTO,
+                        channels: int | str = AUTO) -> ShapeVotes | None:
+    """The exact votes of dataset ``name``'s images on its ``resolution`` and ``channels`` where the images choose
+    them (a folder with a setting left ``auto``, :class:`~dpsynth.data.sources.ShapeVotes`), else None."""
+    source = get_source(name)
+    if source.shape_votes is None or AUTO not in (resolution, channels):
+        return None
+    return source.shape_votes(LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels))
 
 
 def load_public(name: str, data_dir: str | Path | None, like: DatasetInfo, num_images: int | None = None

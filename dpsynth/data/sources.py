@@ -4,7 +4,9 @@ from __future__ import annotations
 import csv
 import importlib.util
 import io
+import math
 import pickle
+import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -26,8 +28,12 @@ DIGIT_CLASSES = [str(d) for d in range(10)]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 AUTO, GENERATED_SIDE = "auto", 32
 # The resolutions a folder is read at when dataset.resolution is auto: the largest not above the images' median
-# short side (the smallest where they are smaller); above the last, set dataset.resolution yourself.
+# short side (the smallest where they are smaller); above the last, set dataset.resolution yourself. With
+# dataset.channels auto, a folder is read in colour when at least COLOUR_SHARE of its images have colour (a
+# majority: the rule furthest from both an all-grey and an all-colour folder, so the least swayed by noise).
 FOLDER_SIDES = (28, 32, 64, 128)
+COLOUR_SHARE = 0.5
+GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -250,39 +256,62 @@ def _load_image(path: Path, resolution: int, channels: int) -> np.ndarray:
     return array[None] if channels == 1 else array.transpose(2, 0, 1)
 
 
-def load_folder(options: LoadOptions) -> RawDataset:
-    """One sub-folder per class of image files, resized and centre-cropped to a square resolution; with ``auto``
-    channels, grey (one channel) when every image is, and with ``auto`` resolution, :func:`folder_side`."""
-    hint = "a directory with one sub-folder of images per class"
-    root = _require_dir(options.data_dir, "folder", hint)
-    if options.channels not in (1, 3, AUTO):
-        raise DataError(f"dataset 'folder': channels must be 1 (grayscale), 3 (RGB) or auto, got {options.channels}")
-    if options.resolution != AUTO and (not isinstance(options.resolution, int) or options.resolution < 1):
-        raise DataError(f"dataset 'folder': resolution must be a positive integer or auto, got {options.resolution}")
+FOLDER_HINT = "a directory with one sub-folder of images per class"
+
+
+def _folder_files(root: Path) -> tuple[list[Path], list[int], list[str]]:
+    """The image files of each class sub-folder of ``root``, their labels and the class names (the sub-folders'
+    names, in order). A class folder may be empty (the class is named by its folder, not by its images);
+    DataError when no folder holds an image."""
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
-        raise DataError(f"{root}: no class sub-folders found ({hint})")
+        raise DataError(f"{root}: no class sub-folders found ({FOLDER_HINT})")
     files, labels = [], []
     for label, class_dir in enumerate(class_dirs):
         found = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
-            raise DataError(f"{class_dir}: class folder holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            warnings.warn(f"{class_dir}: class folder holds no image files; the class is kept (a folder names a "
+                          "class whether or not it holds images, so a neighbouring set has the same classes)",
+                          stacklevel=4)
         files += found
         labels += [label] * len(found)
-    decisions = []
-    side = options.resolution
-    if side == AUTO:
-        side, why = folder_side([_image_size(path) for path in files])
-        decisions.append(f"resolution {side} ({why}; dataset.resolution sets another)")
-    channels = 3 if options.channels == AUTO else int(options.channels)
-    images = np.stack([_load_image(path, int(side), channels) for path in files])
-    if options.channels == AUTO:
-        grey = bool((images[:, :1] == images[:, 1:]).all())
-        images = images[:, :1] if grey else images
-        decisions.append(f"{'1 channel (every image is grey)' if grey else '3 channels (some images have colour)'}"
-                         "; dataset.channels sets them")
-    return RawDataset(images, np.asarray(labels, dtype=np.int64), [p.name for p in class_dirs], str(root),
-                      shape_decision="; ".join(decisions) or None, groups=folder_groups(root, files))
+    if not files:
+        raise DataError(f"{root}: its class folders hold no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return files, labels, [p.name for p in class_dirs]
+
+
+def _folder(options: LoadOptions) -> tuple[Path, list[Path], list[int], list[str], np.ndarray | None]:
+    """A class folder's root, its image files, their labels, the class names and the files' groups (if any);
+    DataError for settings a folder cannot take."""
+    root = _require_dir(options.data_dir, "folder", FOLDER_HINT)
+    if options.channels not in (1, 3, AUTO):
+        raise DataError(f"dataset 'folder': channels must be 1 (grayscale), 3 (RGB) or auto, got {options.channels}")
+    if options.resolution != AUTO and (not isinstance(options.resolution, int) or options.resolution < 1):
+        raise DataError(f"dataset 'folder': resolution must be a positive integer or auto, got {options.resolution}")
+    files, labels, class_names = _folder_files(root)
+    return root, files, labels, class_names, folder_groups(root, files)
+
+
+def load_folder(options: LoadOptions) -> RawDataset:
+    """One sub-folder per class of image files, resized and centre-cropped to a square resolution. A setting left
+    ``auto`` (resolution, channels) follows the exact vote of the images (:func:`folder_votes`), which is
+    private: a run decides it by a DP vote instead and passes the result in ``options``."""
+    root, files, labels, class_names, groups = _folder(options)
+    side, channels, decision = options.resolution, options.channels, None
+    if AUTO in (side, channels):
+        side, channels = shape_votes(files, groups, side, channels).decide()
+        decision = (f"{channels} x {side} x {side} by the exact vote of the images, private: a run decides it by a "
+                    "DP vote instead (stage dataset-shape); dataset.resolution and dataset.channels declare it")
+    images = np.stack([_load_image(path, int(side), int(channels)) for path in files])
+    return RawDataset(images, np.asarray(labels, dtype=np.int64), class_names, str(root), shape_decision=decision,
+                      groups=groups)
+
+
+def folder_votes(options: LoadOptions) -> ShapeVotes:
+    """The exact votes of a class folder's images on the settings of ``options`` left ``auto``
+    (:func:`shape_votes`): private, for a DP mechanism to release."""
+    _, files, _, _, groups = _folder(options)
+    return shape_votes(files, groups, options.resolution, options.channels)
 
 
 GROUPS_CSV = "groups.csv"
@@ -310,23 +339,69 @@ def folder_groups(root: Path, files: list[Path]) -> np.ndarray | None:
     return _group_ids(np.array([listed[name] for name in names]), len(names), str(path))
 
 
-def folder_side(sizes: list[tuple[int, int]]) -> tuple[int, str]:
-    """The resolution of :data:`FOLDER_SIDES` a folder of images of ``sizes`` (width, height) is read at, and why."""
-    short = sorted(min(size) for size in sizes)[len(sizes) // 2]
-    fitting = [side for side in FOLDER_SIDES if side <= short]
-    side = fitting[-1] if fitting else FOLDER_SIDES[0]
-    return side, f"the images' median short side is {short} px"
+@dataclass(frozen=True)
+class ShapeVotes:
+    """A folder's images as votes on the settings left ``auto`` (a declared setting has one candidate and no votes):
+    ``by_side[s]`` is the weight of the images whose short side falls in the bin of ``sides[s]`` (at least that
+    side, below the next; the first bin takes every smaller one), ``by_colour`` the weight of grey and of coloured
+    images. Each image weighs 1 / its group's images, so one unit moves each vector by at most 1 in L2 norm and
+    both together by at most :attr:`sensitivity`."""
+
+    sides: tuple[int, ...]
+    channels: tuple[int, ...]
+    by_side: np.ndarray
+    by_colour: np.ndarray
+
+    @property
+    def sensitivity(self) -> float:
+        return math.sqrt((len(self.by_side) > 0) + (len(self.by_colour) > 0))
+
+    def decide(self) -> tuple[int, int]:
+        """(side, channels) from the votes, exact or noisy: the side whose bin holds the median vote, and colour
+        when at least :data:`COLOUR_SHARE` of the votes have it."""
+        side = self.sides[0]
+        if len(self.by_side):
+            median = int(np.searchsorted(np.cumsum(self.by_side), self.by_side.sum() / 2))
+            side = self.sides[min(median, len(self.sides) - 1)]
+        colour = len(self.by_colour) > 0 and self.by_colour[1] >= COLOUR_SHARE * self.by_colour.sum()
+        return side, self.channels[-1] if colour else self.channels[0]
+
+    def total(self) -> float:
+        """The votes' total weight (of whichever vector there is)."""
+        return float(self.by_side.sum() if len(self.by_side) else self.by_colour.sum())
 
 
-def _image_size(path: Path) -> tuple[int, int]:
-    """(width, height) of an image file, from its header."""
+def shape_votes(files: list[Path], groups: np.ndarray | None, resolution: int | str, channels: int | str
+                ) -> ShapeVotes:
+    """The votes of ``files`` (their groups' ids, if any) on the settings left ``auto``: each file's short side
+    from its header, and its colour (any pixel whose red, green and blue differ) for ``channels`` auto."""
+    sides = FOLDER_SIDES if resolution == AUTO else (int(resolution),)
+    depths = (1, 3) if channels == AUTO else (int(channels),)
+    weights = np.ones(len(files)) if groups is None else 1.0 / np.bincount(groups)[groups]
+    by_side, by_colour = np.zeros(len(sides) if resolution == AUTO else 0), np.zeros(2 if channels == AUTO else 0)
+    for path, weight in zip(files, weights, strict=True):
+        short, coloured = _image_facts(path, channels == AUTO)
+        if len(by_side):
+            by_side[max(int(np.searchsorted(sides, short, "right")) - 1, 0)] += weight
+        if len(by_colour):
+            by_colour[int(coloured)] += weight
+    return ShapeVotes(sides, depths, by_side, by_colour)
+
+
+def _image_facts(path: Path, colour: bool) -> tuple[int, bool]:
+    """The short side of an image file (from its header) and, when ``colour`` is asked, whether it has colour:
+    never for a grey mode; else whether any pixel's red, green and blue differ."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as opened:
-            return opened.size
+            short = min(opened.size)
+            if not colour or opened.mode in GREY_MODES:
+                return short, False
+            pixels = np.asarray(opened.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable image file ({exc})") from None
+    return short, bool((pixels[..., :1] != pixels[..., 1:]).any())
 
 
 def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:

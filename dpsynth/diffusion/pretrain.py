@@ -27,6 +27,7 @@ from ..data.fingerprints import FINGERPRINTS, fingerprints, load_fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
 from ..utils.device import to_device
+from ..utils.io import directory_sha256
 from .ddpm import Diffusion, drop_labels
 from .settings import PretrainSettings
 
@@ -115,6 +116,13 @@ def public_fingerprints(directory: str | Path) -> np.ndarray | None:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is unreadable ({exc})") from None
     return load_fingerprints(directory, record.get("fingerprints"), record.get("images"))
+
+
+def model_label(setting: str, directory: str | Path) -> str:
+    """How a release names the training data of the public model in ``directory`` (set by ``setting``): by the
+    directory's name and the SHA-256 of its ``unet/`` (weights and config), never by a local path."""
+    return (f"the training data of {setting} {Path(directory).name!r} (its unet/ SHA-256 "
+            f"{directory_sha256(Path(directory) / 'unet')})")
 
 
 def init_from_public(model: UNet2DModel, directory: str | Path, class_names: list[str], diffusion: Diffusion,

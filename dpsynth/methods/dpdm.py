@@ -14,7 +14,7 @@ from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
 from ..diffusion.ddpm import drop_labels
 from ..diffusion.inference import sampling_inputs, sampling_model
-from ..diffusion.pretrain import init_from_public, public_fingerprints, read_pretraining
+from ..diffusion.pretrain import init_from_public, model_label, public_fingerprints, read_pretraining
 from ..diffusion.settings import DiffusionSettings, UNetSettings
 from ..errors import ConfigError, DataError
 from ..hardware import resolve_bf16
@@ -108,7 +108,7 @@ class DPDM(Method):
         if prints is None:
             raise DataError(f"model.init_from: {directory} holds no {FINGERPRINTS}, so its training images cannot be "
                             "checked to hold none of the private ones; dpsynth pretrain writes one")
-        return {f"the training data of model.init_from {directory}": prints}
+        return {model_label("model.init_from", directory): prints}
 
     def _build(self, info: DatasetInfo, device: torch.device) -> torch.nn.Module:
         """The UNet, with the public model's weights when ``model.init_from`` names one (logged at fit)."""

@@ -1,6 +1,7 @@
-"""Atomic file writes: a crash leaves either the old file or the new one, never half of one."""
+"""Atomic file writes (a crash leaves either the old file or the new one, never half of one) and file digests."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -33,3 +34,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def directory_sha256(directory: Path) -> str:
+    """The SHA-256, in hex, of every file under ``directory``: of one line per file, in path order, holding its path
+    relative to ``directory`` and its own SHA-256 (the same wherever the directory lies)."""
+    lines = [f"{path.relative_to(directory).as_posix()} {sha256(path)}\n"
+             for path in sorted(directory.rglob("*")) if path.is_file()]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()

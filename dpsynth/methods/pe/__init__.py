@@ -144,7 +144,7 @@ class PrivateEvolution(Method):
         model = self.api_settings.model
         if self.api_settings.name != "diffusion" or not model:
             return {}
-        from ...diffusion.pretrain import public_fingerprints  # diffusers' import is for the diffusion API alone
+        from ...diffusion.pretrain import model_label, public_fingerprints  # diffusers' import: this API alone
 
         prints = public_fingerprints(model)
         if prints is None:
@@ -152,7 +152,7 @@ class PrivateEvolution(Method):
                           "data cannot be checked to be disjoint from the private data; make sure it is",
                           PrivacyWarning, stacklevel=2)
             return {}
-        return {f"the training data of api.model {model}": prints}
+        return {model_label("api.model", model): prints}
 
     def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
         settings = self.api_settings

@@ -4,8 +4,8 @@ Each design runs the method's own function (the one a real run calls, ledger inc
 or on D plus one canary chosen to move the output as far as the mechanism allows, and scores the output
 along the canary's direction. Where the output passes through a lossy step (an argmax, a ratio, a clamp)
 the score cannot see everything the canary changed, so the bound is looser; docs/privacy.md says by how much.
-``broken-gaussian-sum`` is a deliberately wrong copy of the Gaussian mechanism (noise divided by the
-batch size a second time), kept to show that the audit catches such a bug.
+``broken-gaussian-sum`` (noise divided by the batch size a second time) and ``broken-group-step`` (a group's
+images clipped one by one) are deliberately wrong copies, kept to show that the audit catches such bugs.
 """
 from __future__ import annotations
 
@@ -67,11 +67,13 @@ def dpsgd_step() -> Trial:
     return trial
 
 
-def dpsgd_group_step() -> Trial:
+def dpsgd_group_step(clip_groups: bool = True) -> Trial:
     """One DP-SGD step over groups (q = 1) on the linear model of :func:`dpsgd_step`: D is groups of zero
-    gradients, the canary a whole group of four images, each with gradient twice the clipping norm along one
-    axis (one person's several images: their mean, clipped, is what the group may move)."""
-    dimension, clip, images = 16, 1.0, 4
+    gradients, the canary a whole group of two images, each with gradient twice the clipping norm along one
+    axis (one person's several images: their mean, clipped, is what the group may move). ``clip_groups`` False is
+    WRONG ON PURPOSE (``broken-group-step``): the engine is not told the groups, so each image is clipped alone
+    and the canary moves the sum by twice the clipping norm, while the ledger records the step over groups."""
+    dimension, clip, images = 16, 1.0, 2
     canary = torch.zeros(images, dimension)
     canary[:, 0] = 2 * clip
 
@@ -80,16 +82,22 @@ def dpsgd_group_step() -> Trial:
         groups = torch.arange(2 * RECORDS) // 2  # RECORDS groups of two images
         if with_canary:
             data, groups = torch.cat([data, canary]), torch.cat([groups, torch.full((images,), RECORDS)])
-        units = Groups.of(groups, cap=images)
+        units = Groups.of(groups, cap=images) if clip_groups else None
+        records = len(data) if units is None else len(units)
         model = nn.Linear(dimension, 1, bias=False)
         nn.init.zeros_(model.weight)
         engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
                        lambda forward, x: forward(x.unsqueeze(0)).sum(), settings=DpsgdSettings(SIGMA, clip, 1.0, 64),
-                       num_records=len(units), ledger=ledger, stage=STAGE, noise=noise, groups=units)
+                       num_records=records, ledger=ledger, stage=STAGE, noise=noise, groups=units)
         engine.step(lambda indices: (data[indices],))
-        return -float(model.weight.detach()[0, 0]) * len(units)
+        return -float(model.weight.detach()[0, 0]) * records
 
     return trial
+
+
+def broken_group_step() -> Trial:
+    """The group step with each image clipped alone (:func:`dpsgd_group_step`): caught by the audit."""
+    return dpsgd_group_step(clip_groups=False)
 
 
 def mean_images() -> Trial:
@@ -268,4 +276,7 @@ AUDITS: dict[str, Callable[[], Trial]] = {
     "groupnorm-statistics": groupnorm_statistics,
     "report-noisy-max": report_noisy_max_selection,
     "broken-gaussian-sum": broken_sum,
+    "broken-group-step": broken_group_step,
 }
+# Deliberately wrong copies, kept to show that an audit catches such bugs: `dpsynth audit all` leaves them out.
+BROKEN = ("broken-gaussian-sum", "broken-group-step")
