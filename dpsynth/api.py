@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 from .autoplan.rules import parse_duration
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .data.registry import SplitSize, dataset_shape_votes, train_size
+from .data.registry import SplitSize, dataset_shape_votes, held_out, train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
@@ -181,16 +181,15 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
     total, how = (rule, "declared") if rule not in SIZE_CHOICES else (privacy.get("noisy_dataset_size"), "noisy")
     if total is None:
         return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
-    size = train_size(int(total), *held_out(config), info.official_test,
+    size = train_size(int(total), *held_out_of(config), info.official_test,
                       f"{info.name} (privacy.dataset_size {how}: {total})")
     return replace(dataset, info=replace(info, public_train=size, size_rule=how))
 
 
-def held_out(config: Config) -> tuple[SplitSize, SplitSize]:
-    """The validation and test sizes of ``config``'s dataset: as set, else the dataset's own."""
-    source, settings = get_source(config["dataset"]["name"]), config["dataset"]
-    return (source.val_size if settings["val_size"] is None else settings["val_size"],
-            source.test_size if settings["test_size"] is None else settings["test_size"])
+def held_out_of(config: Config) -> tuple[SplitSize, SplitSize]:
+    """The validation and test sizes of ``config``'s dataset (:func:`~dpsynth.data.registry.held_out`)."""
+    settings = config["dataset"]
+    return held_out(settings["name"], settings["val_size"], settings["test_size"])
 
 
 def draws_noisy_size(info: DatasetInfo) -> bool:
@@ -206,7 +205,7 @@ def noisy_total(dataset: Dataset, config: Config) -> int:
     info = dataset.info
     exact = sum(size for split, size in info.unit_counts.items() if split != "test" or not info.official_test)
     noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(config["run"]["seed"], SIZE_STAGE)))
-    return max(noisy, least_total(*held_out(config), info.official_test))
+    return max(noisy, least_total(*held_out_of(config), info.official_test))
 
 
 def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) -> int:

@@ -40,6 +40,11 @@ from dpsynth.privacy.randomness import SecretStream, stream_key
 MERF = [*TINY["dp-merf"], *COMMON, "run.device=cpu"]
 
 
+def seeded(config: dict, seed: int) -> dict:
+    """``config`` with ``run.seed``: its noise recomputable, for tests only."""
+    return {**config, "run": {**config["run"], "seed": seed}}
+
+
 def write_folder(root, short_sides: list[int], groups: list[str] | None = None, colour: int = 0) -> None:
     """Two class folders of grey PNGs whose short sides are ``short_sides`` (in turn), the first ``colour`` of them
     coloured; with ``groups``, a groups.csv naming each image's group."""
@@ -95,7 +100,7 @@ def test_a_dp_vote_decides_alike_on_neighbouring_folders(tmp_path):
     for name in ("less", "more"):
         config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / name), epsilon=1.0)
         with pytest.warns(UserWarning, match="so few images vote that the noise decides more than they do"):
-            drawn = [tuple(with_noisy_shape({**config, "run": {**config["run"], "seed": seed}})["privacy"]
+            drawn = [tuple(with_noisy_shape(seeded(config, seed))["privacy"]
                            ["noisy_shape"]) for seed in range(300)]
         shares[name] = {shape: drawn.count(shape) / len(drawn) for shape in set(drawn)}
     for shape in set(shares["less"]) | set(shares["more"]):
@@ -205,7 +210,7 @@ def test_a_noisy_count_below_what_the_splits_need_is_clamped_not_refused(tmp_pat
                             overrides=["dataset.val_size=2", "dataset.test_size=2"])
     dataset = dataset_from_config(config)
     assert least_total(2, 2, False) == 5
-    totals = [noisy_total(dataset, {**config, "run": {**config["run"], "seed": seed}}) for seed in range(20)]
+    totals = [noisy_total(dataset, seeded(config, seed)) for seed in range(20)]
     assert min(totals) == 5 and max(totals) > 5  # about half the draws fall below 5, and are raised to it
     for total in set(totals):
         drawn = {**config, "privacy": {**config["privacy"], "noisy_dataset_size": total}}
@@ -217,9 +222,8 @@ def test_a_noisy_count_over_groups_counts_groups(tmp_path):
     config = resolve_config("dp-merf", dataset="npz", data_dir=small_npz(tmp_path, groups), epsilon=5.0)
     dataset = dataset_from_config(config)
     for seed in range(5):
-        seeded = {**config, "run": {**config["run"], "seed": seed}}
         expected = max(noisy_count(30, SIZE_NOISE, SecretStream(stream_key(seed, SIZE_STAGE))), 1)
-        assert noisy_total(dataset, seeded) == expected
+        assert noisy_total(dataset, seeded(config, seed)) == expected
 
 
 def test_a_derived_plan_on_own_data_reads_the_noisy_count_not_the_exact_size(tmp_path):

@@ -180,13 +180,13 @@ def load_dataset(
     options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
                           num_images)
     raw = source.load(options)
-    return split_dataset(
-        name, raw,
-        source.val_size if val_size is None else val_size,
-        source.test_size if test_size is None else test_size,
-        split_seed,
-        source.published_size,
-    )
+    return split_dataset(name, raw, *held_out(name, val_size, test_size), split_seed, source.published_size)
+
+
+def held_out(name: str, val_size: SplitSize | None, test_size: SplitSize | None) -> tuple[SplitSize, SplitSize]:
+    """The validation and test sizes of dataset ``name``: as given, else the dataset's own."""
+    source = get_source(name)
+    return (source.val_size if val_size is None else val_size, source.test_size if test_size is None else test_size)
 
 
 def dataset_shape_votes(name: str, data_dir: str | Path | None, resolution: int | str = AUTO,
