@@ -30,8 +30,8 @@ from dpsynth.evaluation.downstream import TrainingSettings, downstream_accuracy
 from dpsynth.evaluation.release import Release
 from dpsynth.methods.dp_imgsyn import DPImgSyn
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_images, uniform_targets
-from dpsynth.methods.dp_imgsyn.statistics import BatchStatistics, MomentScaling
 from dpsynth.privacy import PrivacyLedger
+from dpsynth.privacy.batch_statistics import BatchStatistics, MomentScaling
 from dpsynth.utils.images import to_uint8
 
 CPU = torch.device("cpu")

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
-from .autoplan.rules import parse_duration
+from .autoplan.plan import auto_preset
+from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .data.registry import SplitSize, dataset_shape_votes, held_out, train_size
@@ -58,7 +59,9 @@ def resolve_config(
     direct = [("dataset.name", dataset), ("dataset.data_dir", data_dir), ("privacy.epsilon", epsilon)]
     pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides)
     device = dict(pairs).get("run.device", "auto")
-    preset_name, preset_values = method_cls.preset(preset, pick_device(device) if isinstance(device, str) else None)
+    preset_name = preset or method_cls.default_preset
+    preset_values = (auto_preset(method_cls, pick_device(device) if isinstance(device, str) else torch.device("cpu"))
+                     if preset_name == AUTO_PRESET else method_cls.fixed_preset(preset_name))
     pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
     config = {"method": method, "preset": preset_name,
               **build_config(method_cls.sections, preset_values, preset_name, pairs)}

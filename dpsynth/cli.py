@@ -286,7 +286,7 @@ def _doctor(args: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
-    from .privacy.audit import AUDITS, BROKEN, run_audit
+    from .audit import AUDITS, BROKEN, run_audit
 
     names = [name for name in AUDITS if name not in BROKEN] if args.mechanisms == ["all"] else args.mechanisms
     unknown = [name for name in names if name not in AUDITS]

@@ -28,39 +28,14 @@ from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
+from .methods import get_method
 from .pipeline import execute, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
 from .runs import LOG, PRIVACY, SYNTHETIC, Checkpoint, RunDirectory
 from .utils.device import pick_device
 
 DATASET, EPSILON = "digits", 8.0
-_UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]
-_CENTRAL = ["central.count=2", "central.batch_size=300", "central.clip=8.0", "warmup.iterations=4",
-            "warmup.batch_size=8", "warmup.checkpoint_every=2"]
-# Overrides of each method's cpu preset: a few steps of every stage, checkpoints every other step.
-TINY: dict[str, list[str]] = {
-    "dpdm": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=2"],
-    "dp-feta": [*_UNET, *_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2"],
-    "feta-pro": [*_UNET, *_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
-                 "frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
-                 "generator.images=40", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=4",
-                 "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2",
-                 "frequency_warmup.sample_steps=2"],
-    "pe": ["api.name=drawtext", "pe.population=20", "pe.iterations=2", "pe.lookahead=1"],
-    "dp-sad": [*_UNET, "teacher.batch_size=64", "teacher.epochs=0.1", "teacher.checkpoint_every=2",
-               "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
-               "discriminator.pool_steps=2", "discriminator.batch_size=8"],
-    "pdp-diffusion": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2", "dpsgd.checkpoint_every=2"],
-    "privimage": [*_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
-                  "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
-                  "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2"],
-    "dp-merf": ["frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
-                "generator.latent=8", "generator.width=16"],
-    "dp-imgsyn": ["teacher.blocks=[1, 1]", "teacher.widths=[8, 16]", "teacher.groups=4", "teacher.batch_size=128",
-                  "teacher.epochs=0.2", "teacher.checkpoint_every=1", "alignment.init=noise", "alignment.iterations=2",
-                  "alignment.batch_size=10", "alignment.temperature=4"],
-}
-PUBLIC, STARTS_FROM_PUBLIC = "glyphs", ("pdp-diffusion",)
+PUBLIC = "glyphs"  # what a method that needs a public model starts from
 COMMON = ["sampling.num_samples=20", "evaluation.enabled=false", "privacy.accountant=rdp"]
 
 
@@ -106,7 +81,8 @@ def check_method(method: str, device: str, root: Path) -> Checkup:
 def _run_and_check(method: str, device: str, root: Path) -> str:
     public = _public_model(method, device, root)
     config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
-                            overrides=[*TINY[method], *COMMON, *public, f"run.device={device}", f"run.out_dir={root}"])
+                            overrides=[*get_method(method).smoke, *COMMON, *public, f"run.device={device}",
+                                       f"run.out_dir={root}"])
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
     run = RunDirectory.create(config)
@@ -125,9 +101,9 @@ def _run_and_check(method: str, device: str, root: Path) -> str:
 
 def _public_model(method: str, device: str, root: Path) -> list[str]:
     """For a method that must start from a public model: a tiny one pre-trained for it on glyphs, as an override."""
-    if method not in STARTS_FROM_PUBLIC:
+    if not get_method(method).needs_public_model:
         return []
-    config = resolve_config(method, preset="cpu", overrides=TINY[method])
+    config = resolve_config(method, preset="cpu", overrides=get_method(method).smoke)
     glyphs = load_dataset(PUBLIC, resolution=8, num_images=124).train
     out = pretrain(glyphs, root / f"{method}-public", PretrainSettings.for_method(config, iterations=2, batch_size=8),
                    pick_device(device), list(GLYPH_CLASSES), PUBLIC)

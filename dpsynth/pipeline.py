@@ -47,7 +47,7 @@ from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
 from .hardware import AUTO, hardware_choices, thread_governor
 from .methods import get_method
-from .methods.base import Method, RunContext
+from .methods.base import Method
 from .privacy import (
     Accountant,
     GaussianMechanism,
@@ -62,6 +62,7 @@ from .privacy.randomness import SecretStream, mersenne_state, secret_generator, 
 from .provenance import provenance, public_data_digests
 from .report import write_run_report
 from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
+from .training.context import RunContext
 from .utils.device import pick_device
 
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
@@ -102,31 +103,38 @@ def resumable(path: str) -> RunDirectory:
     return run
 
 
-# What a resumed run may change: where and in what chunks it computes, never what (the privacy plan, the model).
-RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "api.batch_size", "statistics.batch_size",
-                   "*.physical_batch_size")
+# What a resumed run of any method may change: where and in what chunks it computes, never what (the privacy plan,
+# the model); a method adds its own (Method.resume_settings).
+RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "*.physical_batch_size")
 
 
-def _resume_setting(key: str) -> bool:
-    """Whether a resumed run may change ``key`` (one of :data:`RESUME_SETTINGS`)."""
-    return key in RESUME_SETTINGS or (key.endswith(".physical_batch_size") and key.count(".") == 1)
+def resume_settings(config: Config) -> tuple[str, ...]:
+    """The keys a resumed run of ``config``'s method may change."""
+    return (*RESUME_SETTINGS, *get_method(config["method"]).resume_settings)
+
+
+def _resume_setting(key: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``key`` is one of the ``allowed`` keys (:func:`resume_settings`; ``*`` stands for any section)."""
+    return key in allowed or (key.endswith(".physical_batch_size") and key.count(".") == 1)
 
 
 def fixed_settings(config: Config) -> dict[str, Any]:
-    """Every key of ``config`` a resumed run must keep (all but :data:`RESUME_SETTINGS`, the evaluation's and
+    """Every key of ``config`` a resumed run must keep (all but :func:`resume_settings`, the evaluation's and
     the machine's), with its value: each checkpoint stores them, and a resume whose config.yaml differs stops."""
-    return {key: get_value(config, key) for key in flat_keys(config)
-            if not (_resume_setting(key) or key.startswith(("evaluation.", "hardware.")) or key == "run.out_dir")}
+    allowed = resume_settings(config)
+    return {key: get_value(config, key) for key in flat_keys(config) if not (
+        _resume_setting(key, allowed) or key.startswith(("evaluation.", "hardware.")) or key == "run.out_dir")}
 
 
 def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory:
     """Continue the run in ``path`` from its last checkpoint (ledger and RNG included), with ``overrides`` of
-    :data:`RESUME_SETTINGS` (written to its config.yaml and log)."""
+    :func:`resume_settings` (written to its config.yaml and log)."""
     run = resumable(path)
     config, overrides = run.config(), list(overrides)
+    allowed = resume_settings(config)
     for key, value in overrides:
-        if not _resume_setting(key):
-            raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(RESUME_SETTINGS)} (where and "
+        if not _resume_setting(key, allowed):
+            raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(allowed)} (where and "
                               "in what chunks it computes); the rest of its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     dataset = dataset_from_config(config)

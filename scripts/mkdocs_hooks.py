@@ -14,7 +14,8 @@ and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
 - ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it.
 
 ``python scripts/mkdocs_hooks.py --write`` regenerates every pair in place; ``--check`` lists the files out of
-sync. As an MkDocs hook it fails the build on a page out of sync or a marker without its end.
+sync. As an MkDocs hook it fails the build on a page out of sync, a marker without its end, or a method of
+``dpsynth.methods`` without its page ``docs/methods/NAME.md`` in the nav.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from dpsynth.autoplan.rules import dpsgd_steps
 from dpsynth.bench import frontier, plans, record
 from dpsynth.config_reference import config_table
 from dpsynth.errors import DpsynthError
-from dpsynth.methods import get_method
+from dpsynth.methods import METHODS, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -103,6 +104,19 @@ def problems(markdown: str, name: str) -> list[str]:
             part for part, pattern in PAPER_PARTS.items() if not pattern.search(paper.group(0))]
         found += [f"{name}: the paper reference lacks {part}" for part in missing]
     return found
+
+
+def unlisted_methods(nav: str) -> list[str]:
+    """The methods whose page ``methods/NAME.md`` the nav (mkdocs.yml's text) does not list, or that lacks one."""
+    return [name for name in METHODS if f"methods/{name}.md" not in nav
+            or not (ROOT / "docs" / "methods" / f"{name}.md").is_file()]
+
+
+def on_config(config: Any, **_: Any) -> Any:
+    missing = unlisted_methods((ROOT / "mkdocs.yml").read_text())
+    if missing:
+        raise OutOfSync(f"mkdocs.yml: the nav lists no page docs/methods/NAME.md for {', '.join(missing)}")
+    return config
 
 
 def pages() -> list[Path]:

@@ -16,16 +16,16 @@ from torch import nn
 from dpsynth.api import resolve_config
 from dpsynth.data import load_dataset
 from dpsynth.distributed import World
-from dpsynth.methods.base import RunContext
 from dpsynth.methods.pe import PrivateEvolution, class_embeddings
 from dpsynth.methods.pe.apis import Samples
 from dpsynth.methods.pe.embeddings import PixelEmbedding
-from dpsynth.methods.pe.histogram import nearest_neighbour_votes
 from dpsynth.privacy import Accountant, Event, LedgerPlan, PrivacyLedger, SubsampledGaussianMechanism
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import clip_rows
+from dpsynth.privacy.nearest_neighbours import nearest_neighbour_votes
 from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
+from dpsynth.training.context import RunContext
 
 SEED, SIGMA, CLIP = 7, 2.0, 1.0
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import dpsynth_main
 
+from dpsynth.audit import AUDITS, clopper_pearson_upper, epsilon_from_rates, lower_bound, run_audit
 from dpsynth.privacy import Accountant, GaussianMechanism
-from dpsynth.privacy.audit import AUDITS, clopper_pearson_upper, epsilon_from_rates, lower_bound, run_audit
 
 DELTA = 1e-5
 

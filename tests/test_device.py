@@ -19,7 +19,7 @@ from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import SAMPLERS
-from dpsynth.doctor import COMMON, TINY, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import OutOfMemory
 from dpsynth.methods import METHODS
 from dpsynth.models import build_unet
@@ -116,7 +116,7 @@ def test_doctor_passes_every_method_on_the_cpu_and_each_run_has_its_report(capsy
 
 def test_the_doctor_says_which_method_failed_and_why(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setitem(TINY, "dpdm", [*TINY["dpdm"], "dpsgd.clip=-1"])
+    monkeypatch.setattr(METHODS["dpdm"], "smoke", (*METHODS["dpdm"].smoke, "dpsgd.clip=-1"))
     assert main(["doctor", "--device", "cpu", "--methods", "dpdm", "pe"]) == 2
     out, err = capsys.readouterr()
     assert re.search(r"^dpdm +FAIL .*dpsgd.clip must be a number above 0", out, re.MULTILINE)
@@ -128,7 +128,7 @@ def test_the_doctor_says_which_method_failed_and_why(monkeypatch: pytest.MonkeyP
 
 def test_a_resumed_run_may_lower_memory_settings_and_nothing_else(tmp_path: Path):
     config = resolve_config("dpdm", dataset="digits", epsilon=8, preset="cpu",
-                            overrides=[*TINY["dpdm"], *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
+                            overrides=[*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
     run = RunDirectory.create(config)
     with pytest.raises(_Interrupted):
         execute(_CrashAfterCheckpoint(run.path))

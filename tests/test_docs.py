@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from dpsynth.cli import main
+from dpsynth.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 _SPEC = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
@@ -160,3 +161,9 @@ def test_the_docs_build_refuses_a_page_out_of_sync_with_history_or_without_its_p
                             ("# DPDM\n", "lacks a \\*\\*Paper:\\*\\* line")]:
         with pytest.raises(HOOKS.OutOfSync, match=problem):
             HOOKS.on_page_markdown(broken, page=page)
+
+
+def test_every_method_has_its_page_in_the_nav():
+    assert HOOKS.unlisted_methods((ROOT / "mkdocs.yml").read_text()) == []
+    assert HOOKS.unlisted_methods("nav:\n  - DPDM: methods/dpdm.md\n") == [
+        name for name in METHODS if name != "dpdm"]

@@ -8,7 +8,8 @@ from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
 from dpsynth.errors import ConfigError
-from dpsynth.methods.dp_feta.central import (
+from dpsynth.privacy import ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
+from dpsynth.privacy.central_images import (
     CentralQuery,
     central_images,
     mean_image,
@@ -16,8 +17,7 @@ from dpsynth.methods.dp_feta.central import (
     pixel_histogram,
     pooled,
 )
-from dpsynth.methods.warmup import AUGMENTATIONS, augmented
-from dpsynth.privacy import ParallelComposition, PrivacyLedger, SubsampledGaussianMechanism
+from dpsynth.training.warmup import AUGMENTATIONS, augmented
 
 
 def query(kind: str, noise: float = 0.0, bins: int = 2, clip: float = 100.0, downsample: int = 1,

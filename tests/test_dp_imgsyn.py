@@ -13,7 +13,9 @@ from dpsynth.evaluation.downstream import distillation_loss
 from dpsynth.evaluation.release import load_release
 from dpsynth.methods.dp_imgsyn import DPImgSyn
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_batch, uniform_targets
-from dpsynth.methods.dp_imgsyn.statistics import (
+from dpsynth.models import group_norm_resnet
+from dpsynth.privacy import GaussianMechanism, PrivacyLedger
+from dpsynth.privacy.batch_statistics import (
     MomentScaling,
     batch_statistics,
     clipped_moment_sum,
@@ -23,8 +25,6 @@ from dpsynth.methods.dp_imgsyn.statistics import (
     private_statistics,
     public_scaling,
 )
-from dpsynth.models import group_norm_resnet
-from dpsynth.privacy import GaussianMechanism, PrivacyLedger
 from dpsynth.runs import RunDirectory
 
 CPU = torch.device("cpu")

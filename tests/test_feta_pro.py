@@ -9,12 +9,12 @@ from dpsynth.api import resolve_config
 from dpsynth.data import ImageSet, load_dataset
 from dpsynth.diffusion import Diffusion
 from dpsynth.errors import ConfigError
-from dpsynth.methods.feature_generator import GeneratorSettings, feature_matching_loss, fit_generator
 from dpsynth.methods.feta_pro import FETAPro, auto_noise
-from dpsynth.methods.random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
 from dpsynth.models import build_unet
 from dpsynth.models.generator import ConditionalGenerator
 from dpsynth.privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
+from dpsynth.privacy.fourier_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from dpsynth.training.feature_generator import GeneratorSettings, feature_matching_loss, fit_generator
 
 
 def test_every_image_has_features_of_norm_one():

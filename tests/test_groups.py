@@ -12,26 +12,27 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from dpsynth.api import resolve_config
+from dpsynth.audit import AUDITS, run_audit
 from dpsynth.data import ImageSet, load_dataset
-from dpsynth.doctor import COMMON, TINY
+from dpsynth.doctor import COMMON
 from dpsynth.errors import DataError
 from dpsynth.evaluation.downstream import correct_predictions, correct_units
-from dpsynth.methods.dp_feta.central import CentralQuery, central_images, mean_image, pixel_histogram
-from dpsynth.methods.dp_imgsyn.statistics import MomentScaling, clipped_moment_sum, layer_widths
-from dpsynth.methods.pe.histogram import nearest_neighbour_votes
-from dpsynth.methods.privimage import semantic_counts
-from dpsynth.methods.random_features import (
+from dpsynth.methods import METHODS
+from dpsynth.models import group_norm_resnet
+from dpsynth.pipeline import start
+from dpsynth.privacy import GaussianMechanism, PrivacyLedger, SubsampledGaussianMechanism
+from dpsynth.privacy.batch_statistics import MomentScaling, clipped_moment_sum, layer_widths
+from dpsynth.privacy.central_images import CentralQuery, central_images, mean_image, pixel_histogram
+from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings, Groups
+from dpsynth.privacy.fourier_features import (
     FrequencyQuery,
     RandomFourierFeatures,
     class_feature_sums,
     noisy_class_means,
 )
-from dpsynth.models import group_norm_resnet
-from dpsynth.pipeline import start
-from dpsynth.privacy import GaussianMechanism, PrivacyLedger, SubsampledGaussianMechanism
-from dpsynth.privacy.audit import AUDITS, run_audit
-from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings, Groups
+from dpsynth.privacy.nearest_neighbours import nearest_neighbour_votes
 from dpsynth.privacy.randomness import SecretStream
+from dpsynth.privacy.semantic_histogram import semantic_counts
 
 
 def grouped_npz(path, people: int = 60, per_person: int = 3, side: int = 8) -> np.ndarray:
@@ -233,7 +234,8 @@ def test_every_mechanism_runs_over_groups_spanning_classes(tmp_path, method):
              labels=digits.target, class_names=np.array([str(d) for d in range(10)]),
              groups=np.arange(len(digits.target)) // 3)  # three consecutive digits per person: classes mixed
     config = resolve_config(method, dataset="npz", data_dir=str(tmp_path / "digits.npz"), epsilon=8, preset="cpu",
-                            overrides=[*TINY[method], *COMMON, "privacy.dataset_size=599", f"run.out_dir={tmp_path}"])
+                            overrides=[*METHODS[method].smoke, *COMMON, "privacy.dataset_size=599",
+                                       f"run.out_dir={tmp_path}"])
     run = start(config).path  # the Python API
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["unit"].startswith("one group of images") and privacy["epsilon"] <= 8

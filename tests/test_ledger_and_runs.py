@@ -158,7 +158,7 @@ def test_sigkill_then_resume_ends_with_the_clean_runs_ledger(tmp_path):
 
 
 def test_progress_bar_reports_the_ledgers_epsilon():
-    from dpsynth.utils.progress import PrivacyProgress
+    from dpsynth.privacy.progress import PrivacyProgress
 
     ledger, accountant = PrivacyLedger(), Accountant("pld")
     progress = PrivacyProgress(total=5, ledger=ledger, accountant=accountant, delta=1e-5, desc="test")

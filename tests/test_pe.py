@@ -19,9 +19,9 @@ from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods.pe import PrivateEvolution, apportion, class_embeddings
 from dpsynth.methods.pe.apis import DiffusionAPI, DrawTextAPI
 from dpsynth.methods.pe.embeddings import PixelEmbedding
-from dpsynth.methods.pe.histogram import dp_histograms, nearest_neighbour_votes
 from dpsynth.models import build_unet
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
+from dpsynth.privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from dpsynth.runs import RunDirectory
 
 DIGITS = DatasetInfo("digits", 1, 28, 28, [str(d) for d in range(10)], "test")

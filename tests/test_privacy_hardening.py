@@ -16,7 +16,6 @@ from dpsynth.data.fingerprints import FINGERPRINTS, check_disjoint, fingerprints
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import DataError, PrivacyError, PrivacyWarning
 from dpsynth.methods import get_method
-from dpsynth.methods.base import RunContext
 from dpsynth.pipeline import start, user_seed
 from dpsynth.privacy import (
     Accountant,
@@ -31,6 +30,7 @@ from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings, clipped_sum
 from dpsynth.privacy.mechanisms import poisson_sample
 from dpsynth.privacy.randomness import SecretStream, derived_key, secret_generator, stream_key
 from dpsynth.runs import RunDirectory
+from dpsynth.training.context import RunContext
 
 
 def test_seeds_that_agree_in_their_low_32_bits_give_different_noise():

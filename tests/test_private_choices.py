@@ -30,14 +30,15 @@ from dpsynth.api import (
 from dpsynth.config import set_value
 from dpsynth.data import load_dataset
 from dpsynth.data.sources import FOLDER_SIDES, LoadOptions, ShapeVotes, folder_votes
-from dpsynth.doctor import COMMON, TINY
+from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError
+from dpsynth.methods import METHODS
 from dpsynth.pipeline import start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.mechanisms import noisy_count
 from dpsynth.privacy.randomness import SecretStream, stream_key
 
-MERF = [*TINY["dp-merf"], *COMMON, "run.device=cpu"]
+MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
 
 def seeded(config: dict, seed: int) -> dict:

@@ -23,10 +23,10 @@ from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretr
 from dpsynth.diffusion.settings import UNetSettings
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import get_method
-from dpsynth.methods.privimage import semantic_histogram
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
+from dpsynth.privacy.semantic_histogram import semantic_histogram
 from dpsynth.utils.io import directory_sha256
 
 UNET = ["model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2"]

@@ -19,22 +19,23 @@ from dpsynth.api import SIZE_NOISE, SIZE_STAGE, dataset_from_config, plan_privac
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import FINGERPRINTS, load_fingerprints
-from dpsynth.doctor import COMMON, TINY, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import DataError, DpsynthError, PrivacyWarning
 from dpsynth.evaluation import selection_ledger
+from dpsynth.methods import METHODS
 from dpsynth.methods.dp_merf import DPMERF
-from dpsynth.methods.privimage import semantic_histogram
 from dpsynth.pipeline import execute, resume, start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger, ReportNoisyMax, default_delta
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import release_gaussian
 from dpsynth.privacy.per_example import BatchedGradients, unsupported
 from dpsynth.privacy.randomness import normals, uniforms
+from dpsynth.privacy.semantic_histogram import semantic_histogram
 from dpsynth.provenance import source_commit
 from dpsynth.report import write_run_report
 from dpsynth.runs import RunDirectory
 
-MERF = [*TINY["dp-merf"], *COMMON, "run.device=cpu"]
+MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
 
 def tiny_run(tmp_path, dataset: str = "digits", data_dir: str | None = None, *extra: str) -> RunDirectory:

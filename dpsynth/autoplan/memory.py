@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..privacy.per_example import BatchedGradients
-from .probe import DpsgdProbe
+from ..training.probes import DpsgdProbe
 
 USABLE = 0.75  # of the card's memory, for what the estimate leaves out
 

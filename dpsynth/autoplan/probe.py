@@ -7,8 +7,6 @@ chooses its per-example gradients, oneDNN picks kernels), then times it.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -18,23 +16,9 @@ from torch import nn
 
 from ..models import build_classifier
 from ..privacy import PrivacyLedger
-from ..privacy.dpsgd import DPSGD, DpsgdSettings, ExampleLoss
-from ..privacy.per_example import BatchLoss
+from ..privacy.dpsgd import DPSGD, DpsgdSettings
 from ..privacy.randomness import SecretStream
-from ..utils.device import bf16_autocast
-
-
-@dataclass(frozen=True)
-class DpsgdProbe:
-    """What one DP-SGD section trains: its model, per-example loss (and batched loss), and ``make_batch(indices)``
-    giving random public tensors shaped as the section's examples."""
-
-    model: nn.Module
-    loss: ExampleLoss
-    make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]
-    physical_batch_size: int
-    bf16: bool
-    batch_loss: BatchLoss | None = None
+from ..training.probes import DpsgdProbe, forward_cost, timed
 
 
 @dataclass(frozen=True)
@@ -47,17 +31,6 @@ class StepCost:
 
     def seconds(self, rows: float) -> float:
         return self.fixed + self.per_row * rows
-
-
-def timed(call: Callable[[], Any], device: torch.device) -> float:
-    """Wall seconds of ``call()``, waiting for the device."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_per_example: int = 1) -> StepCost:
@@ -92,16 +65,6 @@ def _step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device)
     return float(stats["batch"]), seconds
 
 
-def forward_cost(model: nn.Module, inputs: Sequence[torch.Tensor], device: torch.device, bf16: bool,
-                 **kwargs: Any) -> float:
-    """Seconds per row of one inference call of ``model`` on ``inputs`` (timed after a warm-up call)."""
-    model = model.to(device).eval()
-    moved = [tensor.to(device) for tensor in inputs]
-    with torch.no_grad(), bf16_autocast(device, bf16):
-        model(*moved, **kwargs)
-        return timed(lambda: model(*moved, **kwargs), device) / len(moved[0])
-
-
 def classifier_cost(name: str, shape: tuple[int, int, int], num_classes: int, batch_size: int,
                     device: torch.device) -> dict[str, float]:
     """Seconds per image of training (Adam, one batch) and of testing downstream classifier ``name``."""
@@ -130,16 +93,6 @@ def inception_cost(device: torch.device, fast: bool, batch_size: int) -> float:
     images = np.random.default_rng(0).integers(0, 256, (batch_size, 3, 32, 32), dtype=np.uint8)
     extractor(images)
     return timed(lambda: extractor(images), device) / batch_size
-
-
-@dataclass(frozen=True)
-class Probes:
-    """What a method lets the probe time: each DP-SGD section (its probe and rows per example), and calls that
-    return the seconds per image-step of sampling and per row of training on public data (None: it has none)."""
-
-    dpsgd: dict[str, tuple[DpsgdProbe, int]]
-    sampling: Callable[[], float] | None = None
-    public: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True)

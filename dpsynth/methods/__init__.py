@@ -1,9 +1,17 @@
-"""Synthesis methods: one module each, found by name. A method's module is imported when the method is first
-looked up, so the command line parses its arguments without importing torch."""
+"""Synthesis methods, found by name without a hand-kept list.
+
+A method is one module (or package) of this package named after it (``dp-feta`` in ``dp_feta``), or a module
+another package names under the ``dpsynth.methods`` entry-point group, or a class registered with
+:func:`~dpsynth.methods.base.register` by code already imported. Its module is imported when the method is first
+looked up, so the command line lists the methods and parses its arguments without importing torch.
+"""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Iterator, Mapping
+from functools import cache
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -11,28 +19,38 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .base import Method
 
-# Each method's name and the module of this package that defines and registers it.
-MODULES = {"dpdm": "dpdm", "dp-feta": "dp_feta", "dp-imgsyn": "dp_imgsyn", "feta-pro": "feta_pro",
-           "dp-merf": "dp_merf", "dp-sad": "dp_sad", "pdp-diffusion": "pdp_diffusion", "pe": "pe",
-           "privimage": "privimage"}
+INTERFACE = "base"  # the module every method implements, the one module here that is not a method
+ENTRY_POINTS = "dpsynth.methods"  # the entry-point group of methods other packages provide: name = module
+
+# The methods registered so far, by name (filled by base.register as their modules are imported).
+REGISTERED: dict[str, type[Method]] = {}
+
+
+@cache
+def _modules() -> dict[str, str]:
+    """Each findable method's name and the module that defines it: this package's, then the entry points'."""
+    found = {info.name.replace("_", "-"): f"{__name__}.{info.name}" for info in pkgutil.iter_modules(__path__)
+             if info.name != INTERFACE}
+    found.update({point.name: point.value for point in entry_points(group=ENTRY_POINTS)})
+    return dict(sorted(found.items()))
 
 
 class MethodRegistry(Mapping[str, "type[Method]"]):
-    """The methods by name (in :data:`MODULES`' order); looking one up imports its module."""
+    """The methods by name (sorted; then any registered from elsewhere); looking one up imports its module."""
 
     def __getitem__(self, name: str) -> type[Method]:
-        if name not in MODULES:
-            raise KeyError(name)
-        importlib.import_module(f"{__name__}.{MODULES[name]}")
-        from .base import REGISTERED
-
+        if name not in REGISTERED and name in _modules():
+            importlib.import_module(_modules()[name])
+            if name not in REGISTERED:
+                raise ConfigError(f"module {_modules()[name]} registers no method named {name!r} (a method's class "
+                                  "carries @register and its name)")
         return REGISTERED[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(MODULES)
+        return iter([*_modules(), *(name for name in REGISTERED if name not in _modules())])
 
     def __len__(self) -> int:
-        return len(MODULES)
+        return len(list(iter(self)))
 
 
 METHODS = MethodRegistry()
@@ -40,9 +58,9 @@ METHODS = MethodRegistry()
 
 def get_method(name: str) -> type[Method]:
     """The method ``name``; ConfigError listing the known ones otherwise."""
-    if name not in MODULES:
-        raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(sorted(MODULES))}")
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
     return METHODS[name]
 
 
-__all__ = ["METHODS", "MODULES", "MethodRegistry", "get_method"]
+__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "get_method"]

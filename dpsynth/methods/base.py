@@ -1,8 +1,7 @@
-"""The interface every synthesis method implements, and the registry that finds them by name."""
+"""The interface every synthesis method implements, and the decorator that registers one by name."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlparse
@@ -10,204 +9,16 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..autoplan.probe import Probes
 from ..config import Config
-from ..data import Dataset, DatasetInfo, ImageSet
-from ..distributed import World
-from ..errors import ConfigError, PrivacyError
-from ..hardware import ThreadGovernor
-from ..privacy import Accountant, Event, LedgerPlan, NonPrivateAccess, PlannedStage, PrivacyLedger
-from ..privacy.randomness import SecretStream
-from ..runs import Checkpoint, RunDirectory
-from ..utils.progress import PrivacyProgress
+from ..data import DatasetInfo
+from ..errors import ConfigError
+from ..privacy import PlannedStage
+from ..training.context import RunContext
+from ..training.probes import Probes
+from . import REGISTERED
 
 T = TypeVar("T")
 E = TypeVar("E")
-
-
-@dataclass(kw_only=True)
-class RunContext:
-    """What a method's ``fit`` gets: data, privacy plan and ledger, device, RNG and checkpointing.
-
-    The ledger carries the run's plan (:class:`~dpsynth.privacy.LedgerPlan`): ``plan`` maps each stage to its
-    events with the calibrated noise filled in, and the ledger refuses a mechanism beyond it.
-
-    ``noise`` is the secret stream every DP draw (Poisson samples, noise) comes from; ``generator`` draws
-    the training randomness (batches of public data, augmentation), from its own secret. Both are shared:
-    on several processes (``world``) every rank makes the same draws from them. ``example_generator``
-    draws per-example randomness (diffusion times and noise) for the examples this rank processes: the
-    shared generator itself on one process, a per-rank one otherwise. Only rank 0 writes checkpoints, logs
-    and metrics.
-
-    Checkpoints have one layout (:class:`~dpsynth.runs.Checkpoint`) and three calls: :meth:`released` for a
-    value computed from private data (computed once, checkpointed at once, restored on resume),
-    :meth:`checkpoint` for a phase's progress (its models, EMA and optimisers by name) and :meth:`resume` to
-    continue a phase. ``state`` is the checkpoint being resumed (None on a fresh run); from a method's first
-    call of :meth:`released`, :meth:`resume` or :meth:`on_main` on (after it has built its models), every
-    random stream, torch's global one included, continues from it.
-    """
-
-    dataset: Dataset
-    run: RunDirectory
-    ledger: PrivacyLedger
-    accountant: Accountant
-    delta: float
-    device: torch.device
-    generator: torch.Generator
-    noise: SecretStream
-    state: Checkpoint | None = None
-    world: World = field(default_factory=World)
-    governor: ThreadGovernor | None = None
-    example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
-    settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
-    group_cap: int = 16  # privacy.max_images_per_group: a group's images a DP-SGD step reads, at most
-
-    released_values: dict[str, Any] = field(init=False)
-    _random_continued: bool = field(init=False, default=False)
-    _inside_main: bool = field(init=False, default=False)  # on_main's compute is running (rank 0)
-
-    def __post_init__(self) -> None:
-        self.ledger_plan  # noqa: B018  (refuses a ledger without a plan before anything runs)
-        if self.example_generator is None:
-            self.example_generator = self.generator if self.world.size == 1 else torch.Generator()
-        self.released_values = dict(self.state.released) if self.state is not None else {}
-
-    @property
-    def ledger_plan(self) -> LedgerPlan:
-        """The plan the ledger checks every mechanism against; PrivacyError when it has none."""
-        if self.ledger.plan is None:
-            raise PrivacyError("a run's ledger must carry its privacy plan (PrivacyLedger(plan=LedgerPlan(...))): "
-                               "without one nothing stops a mechanism beyond the plan")
-        return self.ledger.plan
-
-    @property
-    def plan(self) -> Mapping[str, Sequence[Event]]:
-        """The planned events of each stage."""
-        return self.ledger_plan.stages
-
-    @property
-    def allow_non_private(self) -> bool:
-        """Whether a stage may use the private data without noise (``run.allow_non_private``)."""
-        return self.ledger_plan.allow_non_private
-
-    def planned_event(self, stage: str, *kinds: type[E]) -> E:
-        """The one planned event of ``stage``; PrivacyError unless it is of one of the ``kinds`` the method
-        expects (a non-private one only where the run allows it)."""
-        events = self.plan.get(stage, [])
-        allowed = tuple(k for k in kinds if k is not NonPrivateAccess or self.allow_non_private)
-        if len(events) != 1 or not isinstance(events[0], allowed):
-            raise PrivacyError(f"the privacy plan gives stage {stage!r} {events}, not one "
-                               f"{' or '.join(k.__name__ for k in allowed)}; stopped before it ran")
-        return events[0]  # type: ignore[return-value]
-
-    def random_state(self) -> dict[str, Any]:
-        """The random streams' states, for a checkpoint (private: it holds the noise stream's key)."""
-        return {"noise": self.noise.get_state(), "generator": self.generator.get_state(),
-                "torch": torch.get_rng_state()}
-
-    def restore_random(self, state: dict[str, Any]) -> None:
-        """Continue the random streams from a checkpoint's :meth:`random_state`."""
-        self.noise.set_state(state["noise"])
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch"])
-
-    def _continue_random(self) -> None:
-        """Once per run: continue the random streams from the checkpoint being resumed (nothing on a fresh run)."""
-        if not self._random_continued and self.state is not None:
-            self.restore_random(self.state.rng)
-        self._random_continued = True
-
-    def released(self, name: str, compute: Callable[[], T], *, every_rank: bool = False) -> T:
-        """The value released under ``name``: the resumed checkpoint's, or ``compute()``, which records its
-        mechanisms in the ledger as they run, checkpointed at once with every value released so far.
-
-        ``compute`` runs on rank 0 alone and its value goes to every rank (:meth:`on_main`); with ``every_rank``
-        it runs on every rank (a computation that calls collectives, e.g. DP-SGD). Values are released between
-        phases: the checkpoint this writes holds no phase.
-        """
-        self._continue_random()
-        if name not in self.released_values:
-            self.released_values[name] = compute() if every_rank else self.on_main(compute)
-            self.checkpoint()
-        return self.released_values[name]  # type: ignore[no-any-return]
-
-    def checkpoint(self, phase: str | None = None, step: int = 0, **parts: Any) -> None:
-        """Save step ``step`` of ``phase`` with ``parts`` (anything with a ``state_dict``, or tensors), every
-        released value and the random streams' states, with the ledger that covers them (rank 0 alone)."""
-        if self.world.is_main:
-            states = {name: part.state_dict() if hasattr(part, "state_dict") else part for name, part in parts.items()}
-            saved = Checkpoint(phase, step, states, dict(self.released_values), self.random_state())
-            self.run.save_checkpoint(saved, self.ledger, self.settings)
-
-    def resume(self, phase: str, **parts: Any) -> Checkpoint | None:
-        """The checkpoint being resumed when it was saved in ``phase``, its states loaded into ``parts`` (objects
-        with ``load_state_dict``); None otherwise (a fresh run, or a checkpoint of another phase)."""
-        self._continue_random()
-        if self.state is None or self.state.phase != phase:
-            return None
-        for name, part in parts.items():
-            part.load_state_dict(self.state.parts[name])
-        return self.state
-
-    def resuming(self, phase: str) -> bool:
-        """Whether the checkpoint being resumed was saved in ``phase``."""
-        return self.state is not None and self.state.phase == phase
-
-    def adjust_threads(self) -> None:
-        """Fit the thread count to the cores other processes leave free (``run.threads=auto``; call per step)."""
-        threads = self.governor.adjust() if self.governor is not None else None
-        if threads is not None:
-            self.log("threads", threads=threads)
-
-    def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
-        return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial,
-                               enabled=self.world.is_main)
-
-    def log(self, event: str, **fields: Any) -> None:
-        if self.world.is_main:
-            self.run.log(event, **fields)
-
-    def report_metric(self, name: str, value: Any) -> None:
-        """A measurement of the method itself, shown with the evaluation's metrics."""
-        if self.world.is_main:
-            self.run.report_method_metric(name, value)
-
-    def on_main(self, compute: Callable[[], T]) -> T:
-        """``compute()`` on rank 0 alone; its result, the ledger and the shared streams' states follow on
-        every rank. For stages that run once (a warm-up's mechanisms, sampling a teacher); ``compute`` must
-        not call collectives (an ``on_main`` inside it computes in place)."""
-        self._continue_random()
-        if self.world.size == 1 or self._inside_main:
-            return compute()
-        sent = None
-        if self.world.is_main:
-            self._inside_main = True
-            try:
-                sent = (compute(), self.ledger.to_dict(), self.random_state())
-            finally:
-                self._inside_main = False
-        received = self.world.broadcast_object(sent)
-        assert received is not None
-        result, ledger, rng = received
-        if not self.world.is_main:
-            self.ledger.mirror(PrivacyLedger.from_dict(ledger))
-            self.restore_random(rng)
-        return result  # type: ignore[no-any-return]
-
-    def private_shard(self) -> tuple[ImageSet, torch.Tensor]:
-        """The training examples this rank reads in full passes (those whose index is its rank modulo the size)
-        and their unit weights, from the whole training split (:meth:`~dpsynth.data.ImageSet.unit_weights`)."""
-        train = self.dataset.train
-        if self.world.size == 1:
-            return train, train.unit_weights()
-        index = torch.arange(self.world.rank, len(train), self.world.size)
-        return train.subset(index), train.unit_weights()[index]
-
-
-def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of ``module``'s state dict on the CPU: a value :meth:`RunContext.released` keeps must not follow the
-    module as it trains on."""
-    return {name: value.detach().cpu().clone() for name, value in module.state_dict().items()}
 
 
 @dataclass(frozen=True)
@@ -249,8 +60,11 @@ class Method(ABC):
     Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (their
     config sections with defaults) and ``presets`` (nested overrides of any config key), ``releases_soft_labels``
     when ``generate`` returns soft labels, ``needs_public_model`` when it cannot run without ``model.init_from``
-    (the bench then pre-trains one), and register with :func:`register`. The derived preset (``auto``,
-    :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
+    (the bench then pre-trains one), ``smoke`` (``--set`` pairs over its ``cpu`` preset for a run of a few steps
+    of every stage on sklearn's digits: ``dpsynth doctor`` and the tests run it) and ``resume_settings`` (its keys
+    a resumed run may change: how it computes, never what), and register with :func:`register`. The derived
+    preset (``auto``, :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes`
+    measures.
     """
 
     name: ClassVar[str]
@@ -264,22 +78,19 @@ class Method(ABC):
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
     unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time
+    smoke: ClassVar[tuple[str, ...]] = ()  # --set pairs over the cpu preset: a few steps of every stage
+    resume_settings: ClassVar[tuple[str, ...]] = ()  # keys a resumed run may change (chunk sizes, say)
 
     def __init__(self, config: Config) -> None:
         self.config = config
 
     @classmethod
-    def preset(cls, name: str | None, device: torch.device | None = None) -> tuple[str, dict[str, Any]]:
-        """The preset called ``name`` (the default one for None): for ``auto``, the fixed preset it starts from on
-        ``device`` (default the CPU); ConfigError listing the known ones."""
-        name = name or cls.default_preset
-        if name == "auto":
-            from ..autoplan.plan import auto_preset
-
-            return name, auto_preset(cls, device or torch.device("cpu"))
+    def fixed_preset(cls, name: str) -> dict[str, Any]:
+        """The fixed preset called ``name``; ConfigError listing the known ones (``auto`` is derived by
+        :mod:`dpsynth.autoplan`)."""
         if name not in cls.presets:
             raise ConfigError(f"method {cls.name!r} has no preset {name!r}; presets: auto, {', '.join(cls.presets)}")
-        return name, cls.presets[name]
+        return cls.presets[name]
 
     @abstractmethod
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
@@ -309,9 +120,6 @@ class Method(ABC):
     @abstractmethod
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """``num_samples`` images in [0, 1] with labels (and soft labels or None); no private data is read."""
-
-
-REGISTERED: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:

@@ -1,34 +1,30 @@
 """DP-MERF (Harder et al. 2021): one release of noisy per-class mean random Fourier features, then a one-step
 generator fitted to them; its images are the release.
 
-The features and the generator are shared with FETA-Pro (:mod:`.random_features`, :mod:`.feature_generator`). The
-release is one Gaussian mechanism on the C x (D + 1) matrix whose row c holds class c's feature sum and size:
-adding or removing an image of class c changes row c by (phi(x), 1), of L2 norm sqrt(2) since ||phi(x)|| = 1,
-and no other row (with groups, each image weighted 1 / its group's images: a group moves the matrix by at most
-sqrt(2) too). Its noise is calibrated to spend the whole budget. Each class's mean is its noisy sum over
-its noisy size; the paper divides by the public N instead, which weights classes by their (private) shares,
-while the generator draws classes evenly.
+The features and the generator are shared with FETA-Pro (:mod:`dpsynth.privacy.fourier_features`,
+:mod:`dpsynth.training.feature_generator`). The release is one Gaussian mechanism on the C x (D + 1) matrix whose
+row c holds class c's feature sum and size: adding or removing an image of class c changes row c by (phi(x), 1), of
+L2 norm sqrt(2) since ||phi(x)|| = 1, and no other row (with groups, each image weighted 1 / its group's images: a
+group moves the matrix by at most sqrt(2) too). Its noise is calibrated to spend the whole budget. Each class's mean
+is its noisy sum over its noisy size; the paper divides by the public N instead, which weights classes by their
+(private) shares, while the generator draws classes evenly.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from ..config import section_settings
-from ..data import DatasetInfo, ImageSet
+from ..data import DatasetInfo
 from ..models.generator import ConditionalGenerator
-from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
-from ..privacy.mechanisms import release_gaussian
-from ..privacy.randomness import SecretStream
-from ..utils.images import class_grid, save_png, to_uint8
-from .base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register, weights
-from .feature_generator import GeneratorSettings, fit_generator, generated_set
-from .random_features import FrequencySettings, RandomFourierFeatures, class_feature_sums
+from ..privacy import GaussianMechanism, PlannedStage
+from ..privacy.fourier_features import FrequencySettings, RandomFourierFeatures, released_class_means
+from ..training.context import RunContext, weights
+from ..training.feature_generator import GeneratorSettings, fit_generator, generated_set
+from .base import CPU_PROTOCOL, Method, Paper, Release, register
 
 MEANS_STAGE = "rff-means"
-SENSITIVITY = math.sqrt(2)  # one image moves its class's (feature sum, size) row by (phi(x), 1)
 PREVIEW = "generator_samples.png"
 
 
@@ -37,6 +33,8 @@ class DPMERF(Method):
     """Noisy per-class mean random Fourier features (one Gaussian release), a generator matching them."""
 
     name = "dp-merf"
+    smoke = ("frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3", "generator.latent=8",
+             "generator.width=16")
     unestimated_phases = ("the Fourier features and the generator",)
     description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
     paper = Paper("Frederik Harder, Kamil Adamczewski, Mijung Park",
@@ -82,8 +80,7 @@ class DPMERF(Method):
         if context.world.is_main:
             preview = generated_set(generator, 10 * info.num_classes, self.generator_settings.batch_size,
                                     context.device, torch.Generator().manual_seed(0))
-            save_png(class_grid(to_uint8(preview.images), preview.labels.numpy(), info.num_classes),
-                     context.run.file(PREVIEW))
+            context.save_grid(PREVIEW, preview.images, preview.labels, info.num_classes)
 
     def _fitted(self, context: RunContext, generator: ConditionalGenerator, rff: RandomFourierFeatures,
                 means: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -99,13 +96,3 @@ class DPMERF(Method):
         device = next(self.generator.parameters()).device
         release = generated_set(self.generator, num_samples, self.config["sampling"]["batch_size"], device, generator)
         return Release(release.images.clamp(0, 1), release.labels)
-
-
-def released_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatures, noise_multiplier: float,
-                         ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
-    """num_classes x D: per class, the noisy feature sum over the noisy size, from one Gaussian mechanism on
-    the (sum, size) rows (L2 sensitivity sqrt(2)), recorded before it runs."""
-    sums, sizes = class_feature_sums(train, num_classes, rff)
-    rows = torch.cat([sums, sizes[:, None]], dim=1)
-    noisy = release_gaussian(rows, SENSITIVITY, noise_multiplier, ledger, stage, noise)
-    return (noisy[:, :-1] / noisy[:, -1:].round().clamp_min(1.0)).float()  # the size rounded: see release_counts

@@ -7,7 +7,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..autoplan.probe import DpsgdProbe, Probes, forward_cost, timed
 from ..config import preset_with, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
@@ -21,11 +20,15 @@ from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
+from ..training.context import RunContext
+from ..training.private import DpsgdSection, MakeBatch, PrivateTraining
+from ..training.probes import DpsgdProbe, Probes, forward_cost, timed
 from ..utils.device import memory_limited_by, to_device
-from .base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register
-from .training import DpsgdSection, MakeBatch, PrivateTraining
+from .base import CPU_PROTOCOL, Method, Paper, Release, register
 
 DPSGD_STAGE = "dp-sgd"
+# A smoke run's UNet and sampler (Method.smoke): the smallest that runs every part.
+SMOKE_UNET = ("model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2")
 SAMPLING_PROBE_ROWS = 64  # images of the planner's timed sampling call (its cost per image-step is what it measures)
 
 
@@ -39,6 +42,8 @@ class DPDM(Method):
                   "Transactions on Machine Learning Research (TMLR)", 2023, "https://arxiv.org/abs/2210.09929")
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
     dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
+    smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
+                                        "dpsgd.checkpoint_every=2")
     sections = {
         # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
         # class_start: where the private class rows start when the public classes differ: shared (the null row),

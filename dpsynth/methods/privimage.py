@@ -19,7 +19,6 @@ histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusi
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,13 +32,13 @@ from ..data.fingerprints import fingerprints
 from ..errors import ConfigError
 from ..evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from ..models.classifiers import build_classifier
-from ..privacy import GaussianMechanism, PlannedStage, PrivacyLedger
-from ..privacy.mechanisms import release_counts
-from ..privacy.randomness import SecretStream
+from ..privacy import GaussianMechanism, PlannedStage
+from ..privacy.semantic_histogram import semantic_histogram
+from ..training.context import RunContext
+from ..training.warmup import Warmup, WarmupSettings, diffusion_loss
 from ..utils.device import to_device
-from .base import Paper, RunContext, register
-from .dpdm import DPDM, DPSGD_STAGE
-from .warmup import Warmup, WarmupSettings, diffusion_loss
+from .base import Paper, register
+from .dpdm import DPDM, DPSGD_STAGE, SMOKE_UNET
 
 SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
 
@@ -67,6 +66,9 @@ class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
+    smoke = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
+             "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
+             "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
     public_sections = ("public_pretrain",)
     unestimated_phases = ("the semantic query classifier",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
@@ -178,24 +180,3 @@ class PrivImage(DPDM):
         accuracy = correct_count(classifier, public.images, public.labels, context.device) / len(public)
         context.log("public classifier", train_accuracy=accuracy)
         return classifier.eval()
-
-
-def semantic_counts(top_classes: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, num_labels: int,
-                    num_classes: int) -> torch.Tensor:
-    """Per private label and class (float64), the summed ``weights`` of the records (rows of ``top_classes``: k
-    distinct classes each, with their ``labels``) of that label that name that class. A record of weight at most 1
-    changes k counts of its own label's row by its weight: L2 sensitivity sqrt(k), for one image or, weighted by
-    :meth:`~dpsynth.data.ImageSet.unit_weights`, one group of any labels."""
-    cells = labels.to(top_classes.dtype)[:, None] * num_classes + top_classes
-    repeated = weights.double().repeat_interleave(top_classes.shape[1])
-    counts = torch.bincount(cells.flatten(), weights=repeated, minlength=num_labels * num_classes)
-    return counts.reshape(num_labels, num_classes)
-
-
-def semantic_histogram(top_classes: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, num_labels: int,
-                       num_classes: int, noise_multiplier: float, ledger: PrivacyLedger, stage: str,
-                       noise: SecretStream) -> torch.Tensor:
-    """:func:`semantic_counts` plus Gaussian noise of std noise_multiplier x sqrt(k), their L2 sensitivity;
-    recorded before it runs."""
-    counts = semantic_counts(top_classes, labels, weights, num_labels, num_classes)
-    return release_counts(counts, math.sqrt(top_classes.shape[1]), noise_multiplier, ledger, stage, noise)

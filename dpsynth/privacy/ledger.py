@@ -51,7 +51,7 @@ class PrivacyLedger:
     A ledger made with a ``plan`` holds only what the plan allows: its ``entries`` are checked when it is
     made, and a synthesis entry that would take a stage beyond the plan raises before it is written (so the
     mechanism, which records before it releases, never runs). A run's ledger always has its plan
-    (:class:`~dpsynth.methods.base.RunContext` refuses one without); a ledger without one (an audit's, a
+    (:class:`~dpsynth.training.context.RunContext` refuses one without); a ledger without one (an audit's, a
     script's) records whatever it is given.
     """
 

@@ -16,21 +16,24 @@ from ...config import Config, at_least, one_of, positive, preset_with, section_s
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...privacy import PlannedStage
-from ...utils.images import class_grid, save_png, to_uint8
-from ..base import Paper, RunContext, register
-from ..dpdm import DPDM, DPSGD_STAGE
-from ..warmup import LossFn, Warmup, WarmupSettings, diffusion_loss
-from .central import KINDS, CentralQuery, central_images
+from ...privacy.central_images import KINDS, CentralQuery, central_images
+from ...training.context import RunContext
+from ...training.warmup import LossFn, Warmup, WarmupSettings, diffusion_loss
+from ..base import Paper, register
+from ..dpdm import DPDM, DPSGD_STAGE, SMOKE_UNET
 
 CENTRAL_IMAGES = "central_images.png"
 CENTRAL_STAGE = "central-images"
+# A smoke run's central images and warm-up (Method.smoke): two of each class, four warm-up steps.
+SMOKE_CENTRAL = ("central.count=2", "central.batch_size=300", "central.clip=8.0", "warmup.iterations=4",
+                 "warmup.batch_size=8", "warmup.checkpoint_every=2")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CentralSettings:
     """The ``central`` section: ``count`` mean or mode images per class (0: none, DPDM), each from a Poisson
-    batch of expected ``batch_size``; see :class:`~.central.CentralQuery` for the rest. A noise multiplier of None
-    is the method's default for the run's epsilon (FETA-Pro)."""
+    batch of expected ``batch_size``; see :class:`~dpsynth.privacy.central_images.CentralQuery` for the rest. A
+    noise multiplier of None is the method's default for the run's epsilon (FETA-Pro)."""
 
     kind: str = one_of(*KINDS)
     count: int = at_least(0)
@@ -52,6 +55,8 @@ class DPFETA(DPDM):
     """Central images (mean or mode) and an augmented non-private warm-up before DPDM's DP-SGD."""
 
     name = "dp-feta"
+    smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1",
+                                        "dpsgd.checkpoint_every=2")
     public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     paper = Paper("Kecen Li, Chen Gong, Xiaochen Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
@@ -123,8 +128,7 @@ class DPFETA(DPDM):
             context.dataset.train, info.num_classes, self._query(info), context.ledger, CENTRAL_STAGE,
             context.noise))))
         per_class = min(10, self.central_settings.count)
-        save_png(class_grid(to_uint8(central.images), central.labels.numpy(), info.num_classes, per_class),
-                 context.run.file(CENTRAL_IMAGES))
+        context.save_grid(CENTRAL_IMAGES, central.images, central.labels, info.num_classes, per_class)
         return central
 
     def _diffusion_loss(self, context: RunContext, data: ImageSet, settings: WarmupSettings) -> LossFn:

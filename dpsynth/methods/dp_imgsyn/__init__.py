@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...autoplan.probe import DpsgdProbe, Probes
 from ...config import Config, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
@@ -28,13 +27,15 @@ from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
 from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
+from ...privacy.batch_statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
 from ...privacy.dpsgd import DpsgdSettings
+from ...training.context import RunContext, weights
+from ...training.private import PrivateTraining, dpsgd_schedule
+from ...training.probes import DpsgdProbe, Probes
 from ...utils.device import memory_limited_by, to_device
-from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register, weights
-from ..training import PrivateTraining, dpsgd_schedule
+from ...utils.images import to_uint8
+from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .alignment import AlignmentSettings, align_images, uniform_targets
-from .statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
 
 ALIGNMENT_GRID = "alignment.png"
 TEACHER_STAGE, STATISTICS_STAGE = "teacher", "statistics"
@@ -76,6 +77,10 @@ class DPImgSyn(Method):
     """DP teacher + DP GroupNorm statistics; public images aligned to them and released with soft labels."""
 
     name = "dp-imgsyn"
+    smoke = ("teacher.blocks=[1, 1]", "teacher.widths=[8, 16]", "teacher.groups=4", "teacher.batch_size=128",
+             "teacher.epochs=0.2", "teacher.checkpoint_every=1", "alignment.init=noise", "alignment.iterations=2",
+             "alignment.batch_size=10", "alignment.temperature=4")
+    resume_settings = ("statistics.batch_size",)
     dpsgd_sections = ("teacher",)
     unestimated_phases = ("the DP statistics", "the alignment of public images")
     releases_soft_labels = True
@@ -257,8 +262,7 @@ class DPImgSyn(Method):
                              num_classes: int, per_class: int = 8) -> None:
         """Row 2c: public starting images given target class c; row 2c + 1: the same images aligned."""
         rows = torch.cat([2 * targets, 2 * targets + 1])
-        save_png(class_grid(to_uint8(torch.cat([starts, aligned])), rows.numpy(), 2 * num_classes, per_class),
-                 context.run.file(ALIGNMENT_GRID))
+        context.save_grid(ALIGNMENT_GRID, torch.cat([starts, aligned]), rows, 2 * num_classes, per_class)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """The first ``num_samples`` aligned images (``sampling.num_samples`` were aligned in fit)."""

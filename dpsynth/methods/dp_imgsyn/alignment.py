@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ...config import at_least, one_of, positive
 from ...errors import ConfigError
-from .statistics import BatchStatistics, MomentScaling, batch_statistics
+from ...privacy.batch_statistics import BatchStatistics, MomentScaling, batch_statistics
 
 INITS = ("public", "noise")
 

@@ -39,11 +39,12 @@ import torch
 from ...config import Config, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
+from ...training.context import RunContext, weights
+from ...training.private import DpsgdSection, MakeBatch
 from ...utils.device import memory_limited_by, to_device
-from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, Paper, RunContext, register, weights
-from ..dpdm import DPDM
-from ..training import DpsgdSection, MakeBatch
+from ...utils.images import to_uint8
+from ..base import CPU_PROTOCOL, Paper, register
+from ..dpdm import DPDM, SMOKE_UNET
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
 TRAINING = ("dp", "non-private")
@@ -87,6 +88,9 @@ class DPSAD(DPDM):
     """Teacher (DP-SGD by default) -> pool of teacher samples -> student distilled with DP-SGD and a discriminator."""
 
     name = "dp-sad"
+    smoke = (*SMOKE_UNET, "teacher.batch_size=64", "teacher.epochs=0.1", "teacher.checkpoint_every=2",
+             "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
+             "discriminator.pool_steps=2", "discriminator.batch_size=8")
     dpsgd_sections = ("teacher", "student")  # the student's step is timed as the teacher's
     unestimated_phases = ("the teacher's sample pool", "the discriminator")
     description = "student diffusion model distilled from a DP teacher with a discriminator (sound DP-SAD)"
@@ -150,8 +154,7 @@ class DPSAD(DPDM):
         teacher.load_state_dict(context.released(TEACHER_STAGE, lambda: self._trained_teacher(context, teacher),
                                                  every_rank=True))
         pool = context.released("teacher-pool", lambda: self._teacher_pool(context, teacher))
-        if context.world.is_main:
-            save_png(class_grid(pool[0].numpy(), pool[1].numpy(), info.num_classes), context.run.file(POOL_IMAGES))
+        context.save_grid(POOL_IMAGES, pool[0].numpy(), pool[1], info.num_classes)
         self.model = self._distil(context, teacher, pool)
 
     def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -15,12 +15,19 @@ import torch
 from ...config import Config, choice_setting, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...privacy import PlannedStage
-from ...utils.images import class_grid, save_png, to_uint8
-from ..base import Paper, RunContext, register
+from ...privacy.fourier_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
+from ...training.context import RunContext
+from ...training.feature_generator import (
+    GeneratorSettings,
+    balanced_labels,
+    feature_matching_loss,
+    fit_generator,
+    generated_set,
+)
+from ...training.warmup import LossFn, WarmupSettings
+from ...utils.images import to_uint8
+from ..base import Paper, register
 from ..dp_feta import DPFETA
-from ..feature_generator import GeneratorSettings, balanced_labels, feature_matching_loss, fit_generator, generated_set
-from ..random_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
-from ..warmup import LossFn, WarmupSettings
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
 FREQUENCY_STAGE = "frequency-features"
@@ -57,6 +64,9 @@ class FETAPro(DPFETA):
     """Central images and auxiliary-generator images warm up the diffusion model before DP-SGD."""
 
     name = "feta-pro"
+    smoke = (*DPFETA.smoke, "frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
+             "generator.images=40", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=4",
+             "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2", "frequency_warmup.sample_steps=2")
     public_sections = ("warmup", "frequency_warmup")
     unestimated_phases = ("the auxiliary generator",)
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
@@ -143,7 +153,7 @@ class FETAPro(DPFETA):
         """Images of the auxiliary generator fitted to ``targets`` (post-processing: released with them)."""
         info = context.dataset.info
         images, labels = context.released("auxiliary-images", lambda: self._generated(context, rff, targets))
-        save_png(class_grid(images.numpy(), labels.numpy(), info.num_classes), context.run.file(AUXILIARY_IMAGES))
+        context.save_grid(AUXILIARY_IMAGES, images.numpy(), labels, info.num_classes)
         return ImageSet(images.float() / 255, labels)
 
     def _generated(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor

@@ -32,12 +32,12 @@ from ...errors import ConfigError, DataError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
+from ...privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from ...runs import LOG
-from ...utils.images import class_grid, save_png, to_uint8
-from ..base import CPU_PROTOCOL, Method, Paper, Release, RunContext, register
+from ...training.context import RunContext
+from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
-from .histogram import dp_histograms, nearest_neighbour_votes
 
 T = TypeVar("T")
 
@@ -96,6 +96,8 @@ class PrivateEvolution(Method):
     """A population per class evolved by RANDOM_API / VARIATION_API and DP nearest-neighbour histograms."""
 
     name = "pe"
+    smoke = ("api.name=drawtext", "pe.population=20", "pe.iterations=2", "pe.lookahead=1")
+    resume_settings = ("api.batch_size",)
     unestimated_phases = ("the API's generation and the votes",)
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
     paper = Paper("Zinan Lin, Sivakanth Gopi, Janardhan Kulkarni, Harsha Nori, Sergey Yekhanin",
@@ -272,13 +274,9 @@ class PrivateEvolution(Method):
 
     @staticmethod
     def _save_grid(context: RunContext, population: list[Samples], iteration: int) -> None:
-        if not context.world.is_main:
-            return
         images = torch.cat([p.images for p in population])
         labels = torch.cat([torch.full((len(p),), c) for c, p in enumerate(population)])
-        path = context.run.file(ITERATIONS_DIR) / f"iteration-{iteration:03d}.png"
-        path.parent.mkdir(exist_ok=True)
-        save_png(class_grid(to_uint8(images), labels.numpy(), len(population)), path)
+        context.save_grid(f"{ITERATIONS_DIR}/iteration-{iteration:03d}.png", images, labels, len(population))
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """``num_samples`` images, split over classes as the population is; beyond the population's size,

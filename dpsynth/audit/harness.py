@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import beta
 
-from ...errors import ConfigError
-from ..accountant import Accountant
-from ..ledger import PrivacyLedger
-from ..randomness import SecretStream, derived_key
+from ..errors import ConfigError
+from ..privacy.accountant import Accountant
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import SecretStream, derived_key
 
 # score(with_canary, ledger, noise): one run of the mechanism, reduced to the distinguisher's score
 Trial = Callable[[bool, PrivacyLedger, SecretStream], float]

@@ -1,4 +1,4 @@
-"""Canary audits of every mechanism the methods run on private data (the harness: :mod:`dpsynth.privacy.audit.harness`).
+"""Canary audits of every mechanism the methods run on private data (the harness: :mod:`dpsynth.audit.harness`).
 
 Each design runs the method's own function (the one a real run calls, ledger included) on a small dataset D
 or on D plus one canary chosen to move the output as far as the mechanism allows, and scores the output
@@ -14,18 +14,17 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ...data import ImageSet
-from ...methods.dp_feta.central import CentralQuery, central_images
-from ...methods.dp_imgsyn.statistics import MomentScaling, example_moments, private_statistics
-from ...methods.dp_merf import released_class_means
-from ...methods.pe.histogram import dp_histograms, nearest_neighbour_votes
-from ...methods.privimage import semantic_histogram
-from ...methods.random_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
-from ...models.classifiers import group_norm_resnet
-from .. import GaussianMechanism, PrivacyLedger
-from ..dpsgd import DPSGD, DpsgdSettings, Groups
-from ..mechanisms import clip_rows, gaussian_noise, report_noisy_max
-from ..randomness import SecretStream
+from ..data import ImageSet
+from ..models.classifiers import group_norm_resnet
+from ..privacy import GaussianMechanism, PrivacyLedger
+from ..privacy.batch_statistics import MomentScaling, example_moments, private_statistics
+from ..privacy.central_images import CentralQuery, central_images
+from ..privacy.dpsgd import DPSGD, DpsgdSettings, Groups
+from ..privacy.fourier_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means, released_class_means
+from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from ..privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
+from ..privacy.randomness import SecretStream
+from ..privacy.semantic_histogram import semantic_histogram
 from .harness import Trial
 
 SIGMA, STAGE, RECORDS = 1.0, "audit", 100

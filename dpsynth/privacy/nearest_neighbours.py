@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ...privacy import PrivacyLedger
-from ...privacy.mechanisms import release_counts
-from ...privacy.randomness import SecretStream
+from .ledger import PrivacyLedger
+from .mechanisms import release_counts
+from .randomness import SecretStream
 
 
 def nearest_neighbour_votes(private: torch.Tensor, synthetic: torch.Tensor, weights: torch.Tensor, chunk: int = 4096,

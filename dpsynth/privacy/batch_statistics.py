@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...privacy import PrivacyLedger
-from ...privacy.mechanisms import clip_rows, release_gaussian
-from ...privacy.randomness import SecretStream
+from .ledger import PrivacyLedger
+from .mechanisms import clip_rows, release_gaussian
+from .randomness import SecretStream
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from ..privacy import DpsgdSchedule, PlannedStage
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss, Groups
 from ..privacy.per_example import BatchLoss
 from ..utils.device import memory_limited_by
-from .base import RunContext
+from .context import RunContext
 
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
 

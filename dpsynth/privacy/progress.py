@@ -8,7 +8,8 @@ from collections.abc import Mapping
 import torch
 from tqdm.auto import tqdm
 
-from ..privacy import Accountant, PrivacyLedger
+from .accountant import Accountant
+from .ledger import PrivacyLedger
 
 
 class PrivacyProgress:

@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from kornia.filters import filter2d, median_blur
 
-from ...data import ImageSet
-from ...errors import ConfigError
-from ...privacy import Event, GaussianMechanism, PrivacyLedger, SubsampledGaussianMechanism
-from ...privacy.events import SimpleEvent, per_class
-from ...privacy.mechanisms import clip_rows, gaussian_noise, noisy_count, poisson_sample
-from ...privacy.randomness import SecretStream
+from ..data import ImageSet
+from ..errors import ConfigError
+from .events import Event, GaussianMechanism, SimpleEvent, SubsampledGaussianMechanism, per_class
+from .ledger import PrivacyLedger
+from .mechanisms import clip_rows, gaussian_noise, noisy_count, poisson_sample
+from .randomness import SecretStream
 
 KINDS = ("mean", "mode")
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from ..config import positive
 from ..data import DatasetInfo, ImageSet
 from ..models.generator import ConditionalGenerator
-from .random_features import RandomFourierFeatures
+from ..privacy.fourier_features import RandomFourierFeatures
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,8 +11,8 @@ from kornia.augmentation.auto.rand_augment.rand_augment import default_policy
 from tqdm.auto import tqdm
 
 from ..config import positive
-from .base import RunContext
-from .training import MakeBatch
+from .context import RunContext
+from .private import MakeBatch
 
 LossFn = Callable[[torch.nn.Module, int], torch.Tensor]
 BatchLoss = Callable[..., torch.Tensor]

@@ -15,6 +15,7 @@ together by at most 1, and their sizes too (:func:`~dpsynth.privacy.events.per_c
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +23,12 @@ import torch
 from ..config import at_least, positive
 from ..data import DatasetInfo, ImageSet
 from ..errors import ConfigError
-from ..privacy import Event, GaussianMechanism, PrivacyLedger
-from ..privacy.events import per_class
-from ..privacy.mechanisms import gaussian_noise, noisy_count
-from ..privacy.randomness import SecretStream
+from .events import Event, GaussianMechanism, per_class
+from .ledger import PrivacyLedger
+from .mechanisms import gaussian_noise, noisy_count, release_gaussian
+from .randomness import SecretStream
+
+CLASS_ROW_SENSITIVITY = math.sqrt(2)  # one image moves its class's (feature sum, size) row by (phi(x), 1)
 
 
 class RandomFourierFeatures:
@@ -110,3 +113,13 @@ def noisy_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatu
         total = total + gaussian_noise(total.shape, query.noise, noise, total)
         means.append(total / max(1, noisy_count(size, query.count_noise, noise)))
     return torch.stack(means).float()
+
+
+def released_class_means(train: ImageSet, num_classes: int, rff: RandomFourierFeatures, noise_multiplier: float,
+                         ledger: PrivacyLedger, stage: str, noise: SecretStream) -> torch.Tensor:
+    """num_classes x D: per class, the noisy feature sum over the noisy size, from one Gaussian mechanism on
+    the (sum, size) rows (L2 sensitivity sqrt(2)), recorded before it runs."""
+    sums, sizes = class_feature_sums(train, num_classes, rff)
+    rows = torch.cat([sums, sizes[:, None]], dim=1)
+    noisy = release_gaussian(rows, CLASS_ROW_SENSITIVITY, noise_multiplier, ledger, stage, noise)
+    return (noisy[:, :-1] / noisy[:, -1:].round().clamp_min(1.0)).float()  # the size rounded: see release_counts

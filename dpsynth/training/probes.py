@@ -1,0 +1,59 @@
+"""What a method lets the planner time (:mod:`dpsynth.autoplan.probe`): its DP-SGD sections, sampling calls and
+public training, on random public tensors; and the timing calls a method's own probes use."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..privacy.dpsgd import ExampleLoss
+from ..privacy.per_example import BatchLoss
+from ..utils.device import bf16_autocast
+
+
+@dataclass(frozen=True)
+class DpsgdProbe:
+    """What one DP-SGD section trains: its model, per-example loss (and batched loss), and ``make_batch(indices)``
+    giving random public tensors shaped as the section's examples."""
+
+    model: nn.Module
+    loss: ExampleLoss
+    make_batch: Callable[[torch.Tensor], Sequence[torch.Tensor]]
+    physical_batch_size: int
+    bf16: bool
+    batch_loss: BatchLoss | None = None
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What a method lets the probe time: each DP-SGD section (its probe and rows per example), and calls that
+    return the seconds per image-step of sampling and per row of training on public data (None: it has none)."""
+
+    dpsgd: dict[str, tuple[DpsgdProbe, int]]
+    sampling: Callable[[], float] | None = None
+    public: Callable[[], float] | None = None
+
+
+def timed(call: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of ``call()``, waiting for the device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def forward_cost(model: nn.Module, inputs: Sequence[torch.Tensor], device: torch.device, bf16: bool,
+                 **kwargs: Any) -> float:
+    """Seconds per row of one inference call of ``model`` on ``inputs`` (timed after a warm-up call)."""
+    model = model.to(device).eval()
+    moved = [tensor.to(device) for tensor in inputs]
+    with torch.no_grad(), bf16_autocast(device, bf16):
+        model(*moved, **kwargs)
+        return timed(lambda: model(*moved, **kwargs), device) / len(moved[0])

@@ -1,0 +1,36 @@
+"""A method added in one file (tests/toy_method.py) is found by name, planned, and passes ``dpsynth doctor``."""
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from dpsynth.api import plan_privacy, resolve_config
+from dpsynth.cli import main
+from dpsynth.data import load_dataset
+from dpsynth.methods import METHODS, REGISTERED
+
+
+@pytest.fixture
+def toy() -> Iterator[str]:
+    """The toy method registered (by importing its file), unregistered afterwards."""
+    module = importlib.import_module("toy_method")
+    yield module.NoisyClassMeans.name
+    REGISTERED.pop(module.NoisyClassMeans.name)
+    sys.modules.pop("toy_method")
+
+
+def test_a_method_in_one_file_is_found_and_planned(toy: str):
+    assert toy in METHODS and list(METHODS)[-1] == toy
+    config = resolve_config(toy, dataset="digits", epsilon=2)
+    plan = plan_privacy(config, load_dataset("digits").info)
+    assert [stage["name"] for stage in plan["stages"]] == ["class-means"]
+    assert plan["epsilon"] == pytest.approx(2, rel=1e-3)
+
+
+def test_a_method_in_one_file_passes_the_doctor(toy: str, capsys: pytest.CaptureFixture[str]):
+    assert main(["doctor", "--device", "cpu", "--methods", toy]) == 0
+    assert re.search(rf"^{toy} +ok .*resumed, epsilon [0-9.]+ <= 8", capsys.readouterr().out, re.MULTILINE)

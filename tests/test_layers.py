@@ -1,0 +1,33 @@
+"""The package's layers only look down (import-linter's contract in pyproject.toml), and a back-import fails it."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(source_root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's check of the ``dpsynth`` package found under ``source_root``, with the project's contracts."""
+    environment = {**os.environ, "PYTHONPATH": str(source_root)}
+    return subprocess.run([str(LINT), "--config", str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
+                          capture_output=True, text=True, cwd=source_root, env=environment)
+
+
+def test_the_layers_only_look_down():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_a_mechanism_that_imports_a_method_breaks_the_contract(tmp_path: Path):
+    shutil.copytree(ROOT / "dpsynth", tmp_path / "dpsynth", ignore=shutil.ignore_patterns("__pycache__"))
+    mechanisms = tmp_path / "dpsynth" / "privacy" / "mechanisms.py"
+    mechanisms.write_text(mechanisms.read_text() + "\nfrom ..methods import METHODS  # noqa: E402\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1
+    assert "dpsynth.privacy.mechanisms -> dpsynth.methods" in done.stdout
