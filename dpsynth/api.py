@@ -14,7 +14,19 @@ from torch.utils.data import TensorDataset
 
 from .autoplan.plan import auto_preset
 from .autoplan.rules import AUTO_PRESET, parse_duration
-from .config import Config, build_config, choice_setting, flat_keys, parse_overrides
+from .config import (
+    SCHEMA,
+    SHARED_SECTIONS,
+    Config,
+    DatasetSettings,
+    PlanSettings,
+    PrivacySettings,
+    RunSettings,
+    build_config,
+    choice_setting,
+    flat_keys,
+    parse_overrides,
+)
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .data.registry import SplitSize, dataset_shape_votes, held_out, train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
@@ -38,7 +50,6 @@ from .utils.device import pick_device
 
 # The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
 SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
-SIZE_CHOICES = ("auto", "noisy")
 # A folder's shape where a setting is auto: its images' votes plus Gaussian noise, SHAPE_NOISE times their
 # sensitivity (stage SHAPE_STAGE).
 SHAPE_NOISE, SHAPE_STAGE = 25.0, "dataset-shape"
@@ -63,56 +74,42 @@ def resolve_config(
     preset_values = (auto_preset(method_cls, pick_device(device) if isinstance(device, str) else torch.device("cpu"))
                      if preset_name == AUTO_PRESET else method_cls.fixed_preset(preset_name))
     pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
-    config = {"method": method, "preset": preset_name,
+    config = {"schema": SCHEMA, "method": method, "preset": preset_name,
               **build_config(method_cls.sections, preset_values, preset_name, pairs)}
     validate_config(config)
     return config
 
 
 def validate_config(config: Config) -> None:
-    """ConfigError / PrivacyError for values no run can use."""
-    privacy = config["privacy"]
-    if isinstance(privacy["epsilon"], bool) or not isinstance(privacy["epsilon"], (int, float)):
-        raise ConfigError(f"privacy.epsilon must be a number, got {privacy['epsilon']!r}")
-    if privacy["epsilon"] == math.inf and not config["run"]["allow_non_private"]:
+    """ConfigError / PrivacyError for values no run can use: the schema, the target, every shared key's type and
+    rule (:data:`~dpsynth.config.SHARED_SECTIONS`), then what only the layers above the config know."""
+    if config.get("schema") != SCHEMA:
+        raise ConfigError(f"schema must be {SCHEMA} (a config resolve_config made, or load_config read: it migrates "
+                          f"older files), got {config.get('schema')!r}")
+    for kind in SHARED_SECTIONS:
+        kind.of(config)  # every key's type and rule
+    privacy, run = PrivacySettings.of(config), RunSettings.of(config)
+    if privacy.epsilon == math.inf and not run.allow_non_private:
         raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
                           "guarantee; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
-    if privacy["epsilon"] != math.inf:
-        check_epsilon(privacy["epsilon"])
-    if privacy["delta"] is not None:
-        check_delta(privacy["delta"])
-    if "plan" in config:
-        parse_duration(config["plan"]["time_budget"])
-    cap = privacy.get("max_images_per_group", 1)
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ConfigError(f"privacy.max_images_per_group must be a positive whole number, got {cap!r}")
+    if privacy.epsilon != math.inf:
+        check_epsilon(privacy.epsilon)
+    if privacy.delta is not None:
+        check_delta(privacy.delta)
+    parse_duration(PlanSettings.of(config).time_budget)
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
-    size = privacy.get("dataset_size", "auto")
-    if size not in SIZE_CHOICES and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"privacy.dataset_size must be auto, noisy or a positive whole number (the images of the "
-                          f"private data set, made public), got {size!r}")
-    get_source(config["dataset"]["name"])
+    get_source(DatasetSettings.of(config).name)
     hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false
-    check_threads(config["run"].get("threads", AUTO))
-
-
-# Keys whose default (None: off; model.class_start's "shared", as its settings say) keeps the behaviour of runs
-# configured before they existed.
-KEYS_ADDED_LATER = ("dataset.num_images", "model.init_from", "model.class_start", "privacy.dataset_size",
-                    "privacy.noisy_dataset_size", "privacy.noisy_shape", "privacy.max_images_per_group",
-                    "plan.time_budget", "plan.user_keys", "plan.base", "plan.probe", "plan.decisions",
-                    "plan.expected_seconds")
+    check_threads(run.threads)
 
 
 def check_stored_config(config: Config, source: str) -> None:
-    """ConfigError naming ``source`` unless ``config`` (a run's config.yaml) names a known method and preset and
-    holds every key of their defaults with usable values (``evaluation.*`` and :data:`KEYS_ADDED_LATER` excepted:
-    runs made before such a key existed are read with its default)."""
+    """ConfigError naming ``source`` unless ``config`` (a run's config.yaml, as :func:`~dpsynth.config.migrate`
+    made it) names a known method and preset and holds every key of their defaults with usable values."""
     try:
         defaults = resolve_config(str(config.get("method")), preset=config.get("preset"))
         stored = set(flat_keys(config))
-        missing = [key for key in flat_keys(defaults) if key not in stored and not key.startswith("evaluation.")
-                   and key not in KEYS_ADDED_LATER]
+        missing = [key for key in flat_keys(defaults) if key not in stored]
         if missing:
             raise ConfigError(f"missing {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}: "
                               "not a config dpsynth wrote for this method")
@@ -124,14 +121,14 @@ def check_stored_config(config: Config, source: str) -> None:
 def dataset_from_config(config: Config) -> Dataset:
     """Load and split the dataset that ``config['dataset']`` describes, at the shape a run drew for it
     (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
-    settings, drawn = config["dataset"], config.get("privacy", {}).get("noisy_shape")
-    resolution, channels = settings["resolution"], settings["channels"]
+    settings, drawn = DatasetSettings.of(config), PrivacySettings.of(config).noisy_shape
+    resolution, channels = settings.resolution, settings.channels
     if drawn is not None:
         channels, resolution = drawn
     dataset = load_dataset(
-        settings["name"], settings["data_dir"], val_size=settings["val_size"], test_size=settings["test_size"],
-        split_seed=settings["split_seed"], resolution=resolution, channels=channels,
-        num_classes=settings.get("num_classes"), num_images=settings.get("num_images"),
+        settings.name, settings.data_dir, val_size=settings.val_size, test_size=settings.test_size,
+        split_seed=settings.split_seed, resolution=resolution, channels=channels, num_classes=settings.num_classes,
+        num_images=settings.num_images,
     )
     if drawn is not None:
         decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE_STAGE})"
@@ -142,9 +139,8 @@ def dataset_from_config(config: Config) -> Dataset:
 def draws_noisy_shape(config: Config) -> bool:
     """Whether a run of ``config`` decides its dataset's shape by a DP vote of the images: a folder (a source whose
     images choose) with ``dataset.resolution`` or ``dataset.channels`` left auto."""
-    settings = config["dataset"]
-    return get_source(settings["name"]).shape_votes is not None and AUTO in (settings["resolution"],
-                                                                            settings["channels"])
+    settings = DatasetSettings.of(config)
+    return get_source(settings.name).shape_votes is not None and AUTO in (settings.resolution, settings.channels)
 
 
 def with_noisy_shape(config: Config) -> Config:
@@ -153,18 +149,18 @@ def with_noisy_shape(config: Config) -> Config:
     sensitivity (1 for one setting left auto, sqrt 2 for both), from a stream of its own, decided as the exact
     votes would be and written to ``privacy.noisy_shape`` as [channels, side] (the run records
     :data:`SHAPE_STAGE`)."""
-    if not draws_noisy_shape(config) or config["privacy"].get("noisy_shape") is not None:
+    if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
         return config
-    settings = config["dataset"]
-    votes = dataset_shape_votes(settings["name"], settings["data_dir"], settings["resolution"], settings["channels"])
+    settings = DatasetSettings.of(config)
+    votes = dataset_shape_votes(settings.name, settings.data_dir, settings.resolution, settings.channels)
     assert votes is not None  # draws_noisy_shape: the source votes and a setting is auto
-    noise = SecretStream(stream_key(config["run"]["seed"], SHAPE_STAGE))
+    noise = SecretStream(stream_key(RunSettings.of(config).seed, SHAPE_STAGE))
     std = SHAPE_NOISE * votes.sensitivity
     noisy = replace(votes, by_side=votes.by_side + std * noise.normal(len(votes.by_side)).numpy(),
                     by_colour=votes.by_colour + std * noise.normal(len(votes.by_colour)).numpy())
     side, channels = noisy.decide()
     if noisy.total() < SHAPE_TRUSTED * SHAPE_NOISE:  # post-processing of the noisy votes, like the decision
-        warnings.warn(f"{settings['name']}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
+        warnings.warn(f"{settings.name}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
                       "so few images vote that the noise decides more than they do; declare the shape instead "
                       "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
     config = copy.deepcopy(config)
@@ -177,11 +173,11 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
     published size of a standard set, else a noisy count; ``noisy``, a noisy count always (once a run drew it:
     ``privacy.noisy_dataset_size``; until then the size stays private); a number, the declared size of the whole
     set, from which the training split's follows as the split rules take it."""
-    privacy, info = config.get("privacy", {}), dataset.info
-    rule = privacy.get("dataset_size", "auto")
+    privacy, info = PrivacySettings.of(config), dataset.info
+    rule = privacy.dataset_size
     if rule == "auto" and info.size_rule == "published":
         return dataset
-    total, how = (rule, "declared") if rule not in SIZE_CHOICES else (privacy.get("noisy_dataset_size"), "noisy")
+    total, how = (rule, "declared") if isinstance(rule, int) else (privacy.noisy_dataset_size, "noisy")
     if total is None:
         return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
     size = train_size(int(total), *held_out_of(config), info.official_test,
@@ -191,8 +187,8 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
 
 def held_out_of(config: Config) -> tuple[SplitSize, SplitSize]:
     """The validation and test sizes of ``config``'s dataset (:func:`~dpsynth.data.registry.held_out`)."""
-    settings = config["dataset"]
-    return held_out(settings["name"], settings["val_size"], settings["test_size"])
+    settings = DatasetSettings.of(config)
+    return held_out(settings.name, settings.val_size, settings.test_size)
 
 
 def draws_noisy_size(info: DatasetInfo) -> bool:
@@ -207,7 +203,7 @@ def noisy_total(dataset: Dataset, config: Config) -> int:
     fresh draw would make the published count depend on the exact one."""
     info = dataset.info
     exact = sum(size for split, size in info.unit_counts.items() if split != "test" or not info.official_test)
-    noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(config["run"]["seed"], SIZE_STAGE)))
+    noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(RunSettings.of(config).seed, SIZE_STAGE)))
     return max(noisy, least_total(*held_out_of(config), info.official_test))
 
 
@@ -225,8 +221,8 @@ def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) 
 
 def resolve_delta(config: Config, num_train: int) -> float:
     """privacy.delta, or 1 / (N ln N) when unset; warns when delta >= 1 / N."""
-    delta = config["privacy"]["delta"]
-    delta = default_delta(num_train) if delta is None else float(delta)
+    delta = PrivacySettings.of(config).delta
+    delta = default_delta(num_train) if delta is None else delta
     if delta >= 1.0 / num_train:
         warnings.warn(f"delta = {delta:.3g} is not below 1/N = {1.0 / num_train:.3g} (N = {num_train}): "
                       "a mechanism could then release a whole record with probability delta",
@@ -250,8 +246,8 @@ def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
     """Calibrate the method's stages so the whole run on ``info``'s training split meets the target."""
     method = get_method(config["method"])(config)
     delta = resolve_delta(config, info.num_train)
-    accountant = Accountant(config["privacy"]["accountant"])
-    target = float(config["privacy"]["epsilon"])
+    privacy = PrivacySettings.of(config)
+    accountant, target = Accountant(privacy.accountant), privacy.epsilon
     stages = plan_budget(dataset_stages(config, info) + method.privacy_stages(info), target, delta, accountant)
     check_non_private(config, stages)
     return BudgetPlan(accountant, delta, target, stages, info.num_train)
@@ -271,7 +267,7 @@ def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
         return
     what = (f"stage(s) {', '.join(unprotected)} of {config['method']} use the private data without noise, so "
             "the release has NO differential-privacy guarantee and no epsilon")
-    if not config["run"]["allow_non_private"]:
+    if not RunSettings.of(config).allow_non_private:
         raise ConfigError(f"{what}; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
     warnings.warn(what, PrivacyWarning, stacklevel=2)
 
@@ -295,11 +291,11 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
 
 def format_derived_plan(config: Config) -> str:
     """The derived plan in words: its budget, base preset, decisions and the expected minutes of each phase."""
-    plan = config["plan"]
-    expected = plan["expected_seconds"]
-    lines = [f"derived plan (--preset auto, from the {plan['base']} preset) for a time budget of "
-             f"{plan['time_budget']} on {plan['probe']['device']}:"]
-    lines += [f"  {decision}" for decision in plan["decisions"]]
+    plan = PlanSettings.of(config)
+    expected, probe, decisions = plan.expected_seconds or {}, plan.probe or {}, plan.decisions or ()
+    lines = [f"derived plan (--preset auto, from the {plan.base} preset) for a time budget of "
+             f"{plan.time_budget} on {probe.get('device')}:"]
+    lines += [f"  {decision}" for decision in decisions]
     lines.append("  expected wall time: " + ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds
                                                      in expected.items() if phase != "total")
                  + f"; total {expected['total'] / 60:.1f} min")

@@ -9,10 +9,11 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import build_config, parse_overrides
+from .config import PlanSettings, RunSettings, build_config, parse_overrides
 from .diffusion.settings import PretrainSettings
 from .errors import AuditFailure, DpsynthError
 from .methods import METHODS
@@ -134,12 +135,13 @@ def _privacy(args: argparse.Namespace) -> None:
 
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
-    config, dataset = planned_config(config, dataset_from_config(config), pick_device(config["run"]["device"]))
+    config, dataset = planned_config(config, dataset_from_config(config), pick_device(RunSettings.of(config).device))
     plan = plan_privacy(config, dataset.info)
     if args.json:
-        print(json.dumps({**plan, "derived": config["plan"] if config["preset"] == "auto" else None}, indent=2))
+        derived_plan = asdict(PlanSettings.of(config)) if config["preset"] == "auto" else None
+        print(json.dumps({**plan, "derived": derived_plan}, indent=2))
     else:
-        derived = config["plan"].get("decisions")
+        derived = PlanSettings.of(config).decisions
         print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
 
 

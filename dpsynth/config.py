@@ -4,9 +4,9 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from types import UnionType
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -14,56 +14,157 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-BASE_CONFIG: Config = {
-    "dataset": {
-        "name": "fashion-mnist",
-        "data_dir": None,
-        "val_size": None,
-        "test_size": None,
-        "split_seed": 0,
-        "resolution": "auto",  # a folder's follow its images; generated sets (glyphs, photo-patches) are 32 x 32 RGB
-        "channels": "auto",
-        "num_classes": None,
-        "num_images": None,
-    },
-    # max_images_per_group: with groups (one person's images), the most of a group's images a DP-SGD step reads
-    # (the group's mean gradient is clipped, so the bound holds for any number; this caps the work).
-    # noisy_dataset_size and noisy_shape ([channels, side]) are written by a run, never by the user (RUN_WRITTEN).
-    "privacy": {"epsilon": 10.0, "delta": None, "accountant": "pld", "dataset_size": "auto",
-                "noisy_dataset_size": None, "noisy_shape": None, "max_images_per_group": 16},
-    # --preset auto: the time budget of the whole run; what the user set (kept), the base preset, the probe's
-    # measurements, the decisions and the expected seconds of each phase (written by dpsynth.autoplan).
-    "plan": {"time_budget": "30m", "user_keys": [], "base": None, "probe": None, "decisions": None,
-             "expected_seconds": None},
-    "run": {"out_dir": "runs", "seed": None, "device": "auto", "threads": "auto", "allow_non_private": False},
-    "sampling": {"num_samples": 60000, "batch_size": 500, "bf16": "auto", "compile": "auto"},
-    "evaluation": {
-        "enabled": True,
-        "protocol": "dpsynth",
-        "num_synthetic": 2000,
-        "num_real": 2000,
-        "real_split": "train",
-        "fast_inception": "auto",
-        "inception_batch_size": 50,
-        "kid_subsets": 100,
-        "kid_subset_size": 1000,
-        "pr_k": 4,
-        "classifiers": ["cnn", "resnet"],
-        "classifier_epochs": 10,
-        "soft_label_epochs": None,
-        "distillation_temperature": None,
-        "classifier_seeds": 3,
-        "classifier_batch_size": 128,
-        "classifier_lr": 3e-3,
-        "classifier_schedule": "cosine",
-        "classifier_ema": 0.0,
-        "classifier_augment": False,
-        "selection_epsilon": 1.0,
-        "nearest_neighbours": 10,
-        "cache_dir": None,
-        "seed": 0,
-    },
+SCHEMA = 1  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+
+
+S = TypeVar("S")
+
+
+def positive(**kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be a positive number."""
+    return field(metadata={"low": 0, "strict": True}, **kwargs)
+
+
+def at_least(low: float, **kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be a number of at least ``low``."""
+    return field(metadata={"low": low}, **kwargs)
+
+
+def one_of(*choices: str, **kwargs: Any) -> Any:
+    """A settings field (:func:`section_settings`) that must be one of ``choices``."""
+    return field(metadata={"choices": choices}, **kwargs)
+
+
+class Section:
+    """A shared config section as a frozen dataclass: its fields are the section's keys, with their one default,
+    type and rule; :meth:`of` reads the section of a config, checked."""
+
+    section: ClassVar[str]
+
+    @classmethod
+    def of(cls: type[S], config: Mapping[str, Any]) -> S:
+        return section_settings(cls, config, cls.section)  # type: ignore[attr-defined]
+
+
+Auto = Literal["auto"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSettings(Section):
+    """The ``dataset`` section: which data set, where, its held-out sizes (None: the set's own) and the seed of
+    their split; a folder's resolution and channels (auto: a DP vote of its images decides; generated sets, glyphs
+    and photo-patches, are 32 x 32 RGB), its classes and how many images to read."""
+
+    section: ClassVar[str] = "dataset"
+    name: str = "fashion-mnist"
+    data_dir: str | None = None
+    val_size: int | float | None = None  # a count, or a share of the whole set
+    test_size: int | float | None = None
+    split_seed: int = 0
+    resolution: int | Auto = positive(default="auto")
+    channels: int | Auto = positive(default="auto")
+    num_classes: int | None = positive(default=None)
+    num_images: int | None = positive(default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacySettings(Section):
+    """The ``privacy`` section: the target epsilon and delta (None: from the training set's size), the accountant,
+    the training set's size (auto: published, declared or a noisy count; noisy: a noisy count), and with groups
+    (one person's images) the most of a group's images a DP-SGD step reads (the group's mean gradient is clipped,
+    so the bound holds for any number; this caps the work). ``noisy_dataset_size`` and ``noisy_shape`` ([channels,
+    side]) are written by a run, never by the user (:data:`RUN_WRITTEN`)."""
+
+    section: ClassVar[str] = "privacy"
+    epsilon: float = 10.0  # positive or inf: the accountant checks it (dpsynth.privacy.accountant.check_epsilon)
+    delta: float | None = None
+    accountant: str = "pld"
+    dataset_size: int | Literal["auto", "noisy"] = positive(default="auto")
+    noisy_dataset_size: int | None = None
+    noisy_shape: tuple[int, ...] | None = None
+    max_images_per_group: int = positive(default=16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings(Section):
+    """The ``plan`` section of ``--preset auto``: the time budget of the whole run; what the user set (kept), the
+    base preset, the probe's measurements, the decisions and the expected seconds of each phase (written by
+    :mod:`dpsynth.autoplan`)."""
+
+    section: ClassVar[str] = "plan"
+    time_budget: str = "30m"
+    user_keys: tuple[str, ...] = ()
+    base: str | None = None
+    probe: dict | None = None
+    decisions: tuple[str, ...] | None = None
+    expected_seconds: dict | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(Section):
+    """The ``run`` section: where runs go, a seed (set: the noise is recomputable, the release NOT private), the
+    device, the thread count, and whether a stage may use the private data without noise."""
+
+    section: ClassVar[str] = "run"
+    out_dir: str = "runs"
+    seed: int | None = None
+    device: str = "auto"
+    threads: int | Auto = positive(default="auto")
+    allow_non_private: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingSettings(Section):
+    """The ``sampling`` section: how many images the release holds, in chunks of ``batch_size``, with bf16 and a
+    compiled model where the hardware gains from them (auto)."""
+
+    section: ClassVar[str] = "sampling"
+    num_samples: int = positive(default=60000)
+    batch_size: int = positive(default=500)
+    bf16: bool | Auto = "auto"
+    compile: bool | Auto = "auto"
+
+
+SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,
+                                              SamplingSettings)
+
+# The evaluation section's defaults; dpsynth.evaluation.EvaluationSettings reads and checks it.
+EVALUATION_DEFAULTS: Config = {
+    "enabled": True,
+    "protocol": "dpsynth",
+    "num_synthetic": 2000,
+    "num_real": 2000,
+    "real_split": "train",
+    "fast_inception": "auto",
+    "inception_batch_size": 50,
+    "kid_subsets": 100,
+    "kid_subset_size": 1000,
+    "pr_k": 4,
+    "classifiers": ["cnn", "resnet"],
+    "classifier_epochs": 10,
+    "soft_label_epochs": None,
+    "distillation_temperature": None,
+    "classifier_seeds": 3,
+    "classifier_batch_size": 128,
+    "classifier_lr": 3e-3,
+    "classifier_schedule": "cosine",
+    "classifier_ema": 0.0,
+    "classifier_augment": False,
+    "selection_epsilon": 1.0,
+    "nearest_neighbours": 10,
+    "cache_dir": None,
+    "seed": 0,
 }
+
+
+def section_defaults(kind: type) -> Config:
+    """The defaults of settings dataclass ``kind`` as a config section (lists for tuples, as YAML writes them)."""
+    return {spec.name: list(spec.default) if isinstance(spec.default, tuple) else spec.default
+            for spec in fields(kind)}
+
+
+BASE_CONFIG: Config = {**{kind.section: section_defaults(kind) for kind in SHARED_SECTIONS},
+                       "evaluation": EVALUATION_DEFAULTS}
 
 
 # Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published
@@ -192,14 +293,41 @@ def dump_config(config: Config) -> str:
 
 
 def load_config(text: str, source: str) -> Config:
-    """Read a YAML config written by :func:`dump_config`."""
+    """Read a YAML config written by :func:`dump_config`, migrated to this dpsynth's :data:`SCHEMA`."""
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML ({exc})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections")
-    return config
+    return migrate(config, source)
+
+
+# What a config written before ``schema`` existed (schema 0) meant by the method keys it may lack: the behaviour
+# of runs configured before each key existed (class rows started at the null row, DDIM sampled throughout).
+SCHEMA_0_METHOD_KEYS = {"model.init_from": None, "model.class_start": "shared", "diffusion.sampler": "ddim",
+                        "diffusion.guidance_interval": [0.0, 1.0]}
+
+
+def migrate(config: Config, source: str) -> Config:
+    """``config`` as :data:`SCHEMA`: one without ``schema`` (schema 0) gets every shared key it lacks with its
+    default and :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the
+    fix for a schema this dpsynth does not know."""
+    version = config.get("schema", 0)
+    if version == SCHEMA:
+        return config
+    if version != 0:
+        raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
+                          "read it with the dpsynth that wrote it, or upgrade dpsynth")
+    migrated: Config = {"schema": SCHEMA, **copy.deepcopy(config)}
+    for key in flat_keys(BASE_CONFIG):
+        section, leaf = key.split(".")
+        migrated.setdefault(section, {}).setdefault(leaf, copy.deepcopy(get_value(BASE_CONFIG, key)))
+    for key, value in SCHEMA_0_METHOD_KEYS.items():
+        section, leaf = key.split(".")
+        if section in migrated:
+            migrated[section].setdefault(leaf, copy.deepcopy(value))
+    return migrated
 
 
 def choice_setting(config: Config, section: str, key: str, choices: Sequence[str]) -> str:
@@ -210,29 +338,12 @@ def choice_setting(config: Config, section: str, key: str, choices: Sequence[str
     return value
 
 
-S = TypeVar("S")
-
-
-def positive(**kwargs: Any) -> Any:
-    """A settings field (:func:`section_settings`) that must be a positive number."""
-    return field(metadata={"low": 0, "strict": True}, **kwargs)
-
-
-def at_least(low: float, **kwargs: Any) -> Any:
-    """A settings field (:func:`section_settings`) that must be a number of at least ``low``."""
-    return field(metadata={"low": low}, **kwargs)
-
-
-def one_of(*choices: str, **kwargs: Any) -> Any:
-    """A settings field (:func:`section_settings`) that must be one of ``choices``."""
-    return field(metadata={"choices": choices}, **kwargs)
-
-
-def section_settings(kind: type[S], config: Config, section: str) -> S:
+def section_settings(kind: type[S], config: Mapping[str, Any], section: str) -> S:
     """Config section ``section`` as the frozen dataclass ``kind``, whose fields name the keys it reads.
 
     Every value is checked against its field's type (``int``: a whole number; ``float``: any number; ``bool``;
-    ``str``; unions such as ``float | None``; ``tuple[X, ...]``: a list of X) and its :func:`positive`,
+    ``str``; ``Literal[...]``: one of those words; ``dict``: a mapping; unions such as ``float | None``;
+    ``tuple[X, ...]``: a list of X) and its :func:`positive`,
     :func:`at_least` or :func:`one_of` rule; a key the section lacks takes the field's default. ConfigError
     naming ``section.key`` and what it must be otherwise.
     """
@@ -258,6 +369,9 @@ def _checked(key: str, value: Any, kind: Any, rules: Mapping[str, Any]) -> Any:
     if value is None and len(kinds) < len(get_args(kind)):
         return None
     for option in kinds:
+        if get_origin(option) is Literal and isinstance(value, str) and value in get_args(option) \
+                or option is dict and isinstance(value, dict):
+            return value
         if get_origin(option) is tuple and isinstance(value, (list, tuple)):
             return tuple(_checked(f"{key}[{i}]", item, get_args(option)[0], rules) for i, item in enumerate(value))
         if option is bool and isinstance(value, bool) or option is str and isinstance(value, str):
@@ -265,9 +379,16 @@ def _checked(key: str, value: Any, kind: Any, rules: Mapping[str, Any]) -> Any:
         if option in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and (option is float or isinstance(value, int)):
             return _within(key, option(value), rules, _KINDS[option])
-    expected = " or ".join("a list" if get_origin(option) is tuple else _KINDS[option] for option in kinds)
+    expected = " or ".join(_described(option) for option in kinds)
     raise ConfigError(f"{key} must be {expected}{' or null' if len(kinds) < len(get_args(kind)) else ''}, "
                       f"got {value!r}")
+
+
+def _described(kind: Any) -> str:
+    """What a value of type ``kind`` is, in words, for a message."""
+    if get_origin(kind) is Literal:
+        return " or ".join(map(str, get_args(kind)))
+    return "a list" if get_origin(kind) is tuple else "a mapping" if kind is dict else _KINDS[kind]
 
 
 def _within(key: str, value: Any, rules: Mapping[str, Any], kind: str = "") -> Any:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .api import dataset_from_config, plan_budget_for, resolve_config
+from .config import SamplingSettings
 from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
@@ -123,7 +124,7 @@ def _checked(run: RunDirectory, dataset: Dataset, plan: dict, accountant: Accoun
     info, config = dataset.info, run.config()
     with np.load(run.file(SYNTHETIC)) as release:
         images, labels = release["images"], release["labels"]
-    expected = (config["sampling"]["num_samples"], info.channels, info.height, info.width)
+    expected = (SamplingSettings.of(config).num_samples, info.channels, info.height, info.width)
     if images.shape != expected or images.dtype != np.uint8 or not np.isin(labels, range(info.num_classes)).all():
         raise DpsynthError(f"release: images {images.shape} {images.dtype}, labels {np.unique(labels)}; expected "
                            f"uint8 {expected} with labels below {info.num_classes}")

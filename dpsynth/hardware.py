@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .config import Config
+from .config import Config, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -74,16 +74,16 @@ def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
     """What this machine is and every bf16 and compile setting of ``config`` resolved on it (for the log)."""
     choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
     if "sampling.bf16" in choices:
-        choices["sampling.compile"] = resolve_compile(config["sampling"].get("compile", AUTO), device,
+        choices["sampling.compile"] = resolve_compile(SamplingSettings.of(config).compile, device,
                                                       choices["sampling.bf16"].value, _image_steps(config))
     return {"device": str(device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": config["run"].get("threads", AUTO), "threads_at_start": torch.get_num_threads(),
+            "threads": RunSettings.of(config).threads, "threads_at_start": torch.get_num_threads(),
             "choices": {key: {"value": choice.value, "why": choice.reason} for key, choice in choices.items()}}
 
 
 def _image_steps(config: Config) -> int:
     """Images x denoising steps of a run's release (0 for a method that does not denoise)."""
-    return config["sampling"]["num_samples"] * config.get("diffusion", {}).get("sample_steps", 0)
+    return SamplingSettings.of(config).num_samples * config.get("diffusion", {}).get("sample_steps", 0)
 
 
 def _bf16_settings(config: Config) -> list[tuple[str, Any]]:

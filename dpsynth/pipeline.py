@@ -30,9 +30,13 @@ from .api import (
     with_public_size,
 )
 from .config import (
-    BASE_CONFIG,
     RUN_WRITTEN,
     Config,
+    DatasetSettings,
+    PlanSettings,
+    PrivacySettings,
+    RunSettings,
+    SamplingSettings,
     build_config,
     check_not_run_written,
     flat_keys,
@@ -73,7 +77,7 @@ def start(config: Config) -> RunDirectory:
     for ``config`` and execute it (on every process torchrun started; rank 0 draws what the data decides, creates
     the directory and plans for every rank)."""
     check_not_run_written([key for key in RUN_WRITTEN if get_value(config, key) is not None], "a new run's config:")
-    device = pick_device(config["run"]["device"])
+    device = pick_device(RunSettings.of(config).device)
     world = World.from_environment(device)
     config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
     dataset = dataset_from_config(config)
@@ -88,7 +92,7 @@ def start(config: Config) -> RunDirectory:
         print(f"run directory: {path}")
         if dataset.info.shape_decision:
             print(f"{dataset.info.name} read at {dataset.info.shape_decision}")
-        if config["plan"].get("decisions"):
+        if PlanSettings.of(config).decisions:
             print(format_derived_plan(config), flush=True)
     return execute(RunDirectory(path), dataset, budget, world)
 
@@ -139,7 +143,7 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
         set_value(config, key, value, f"--resume {path}")
     dataset = dataset_from_config(config)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
-    world = World.from_environment(pick_device(config["run"]["device"]))
+    world = World.from_environment(pick_device(RunSettings.of(config).device))
     if overrides and world.is_main:
         run.write_config(config)
         run.log("resume settings", **dict(overrides))
@@ -198,7 +202,8 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
         budget = plan_budget_for(config, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
     settings = fixed_settings(config)
-    state, ledger = _restored(run, world, settings, LedgerPlan(plan, bool(config["run"]["allow_non_private"])))
+    run_settings = RunSettings.of(config)
+    state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
     for stage, noise in ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE)):  # drawn before the first checkpoint
         if stage in plan and stage not in ledger.stages():
             ledger.record(stage, GaussianMechanism(noise))
@@ -209,15 +214,15 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     keys = world.broadcast_object({purpose: stream_key(seed, purpose) for purpose in ("noise", "training", "init")}
                                   if world.is_main else None)
     torch.default_generator.set_state(mersenne_state(keys["init"]))  # model initialisation
-    device = world.device(pick_device(config["run"]["device"]))
-    governor = thread_governor(config["run"]["threads"])
+    device = world.device(pick_device(run_settings.device))
+    governor = thread_governor(run_settings.threads)
     if world.is_main:
         run.record_hardware(hardware_choices(config, device))
         _log_groups(run, dataset, config)
     context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
                          generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
                          world=world, governor=governor, settings=settings,
-                         group_cap=config["privacy"].get("max_images_per_group", 16))
+                         group_cap=PrivacySettings.of(config).max_images_per_group)
     method.fit(context)
     return method, context, budget
 
@@ -239,7 +244,7 @@ def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
 
 def user_seed(config: Config) -> int | None:
     """``run.seed`` when the user set one (with a warning: the noise is then recomputable), else None."""
-    seed = config["run"]["seed"]
+    seed = RunSettings.of(config).seed
     if seed is not None:
         warnings.warn(f"run.seed = {seed} is set: whoever knows it can recompute this run's noise, so its release "
                       "is NOT private (privacy.json says noise_seed: user-set); leave run.seed unset for a real "
@@ -251,13 +256,14 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     """Check the ledger against the target, generate, write the release and its privacy report; evaluate."""
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
-    check_within_plan(ledger.stages(), budget.stages, bool(config["run"]["allow_non_private"]), complete=True)
+    run_settings = RunSettings.of(config)
+    check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=True)
     report = {**_privacy_report(ledger, accountant, delta, target, dataset.info, method, config),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
               "public_data": public_data_digests(method.public_data(dataset.info))}
-    release_stream = secret_generator(stream_key(config["run"]["seed"], "release"))
+    release_stream = secret_generator(stream_key(run_settings.seed, "release"))
     start = time.perf_counter()
-    generated = method.generate(config["sampling"]["num_samples"], release_stream)
+    generated = method.generate(SamplingSettings.of(config).num_samples, release_stream)
     seconds = round(time.perf_counter() - start, 1)
     run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
                      method.soft_label_temperature())
@@ -271,7 +277,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
     print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
-    if config["evaluation"]["enabled"]:
+    if EvaluationSettings.of(config).enabled:
         evaluate_run(run, dataset=dataset, device=context.device)
 
 
@@ -281,9 +287,8 @@ def _cuda_peak(device: torch.device) -> dict[str, int]:
 
 
 def _evaluation_config(config: Config, overrides: Iterable[tuple[str, Any]]) -> Config:
-    """``config`` with every evaluation key (defaults for runs made before a key existed), then ``overrides``."""
+    """A copy of ``config`` with ``overrides`` of its evaluation (and the device it runs on)."""
     config = copy.deepcopy(config)
-    config["evaluation"] = {**copy.deepcopy(BASE_CONFIG["evaluation"]), **config.get("evaluation", {})}
     for key, value in overrides:
         if not key.startswith(("evaluation.", "run.device")):
             raise ConfigError(f"--set {key}: evaluating a run can change evaluation.* and run.device only")
@@ -300,16 +305,15 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
         raise DpsynthError(f"{run.path}: no {SYNTHETIC} yet; finish the run first (dpsynth run --resume {run.path})")
     config = _evaluation_config(run.config(), overrides)
     dataset = dataset or dataset_from_config(config)
-    accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
-    selection = selection_ledger(dataset, config["dataset"]["split_seed"])
+    accountant, delta = Accountant(PrivacySettings.of(config).accountant), resolve_delta(config, dataset.info.num_train)
+    selection = selection_ledger(dataset, DatasetSettings.of(config).split_seed)
+    device = device or pick_device(RunSettings.of(config).device)
     with _naming(run):
-        metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info),
-                                   dataset, EvaluationSettings.from_config(config["evaluation"]), selection,
-                                   accountant, delta, run.path, device or pick_device(config["run"]["device"]),
+        metrics = evaluate_release(load_release(run.file(SYNTHETIC), dataset.info), dataset,
+                                   EvaluationSettings.of(config), selection, accountant, delta, run.path, device,
                                    run.file(LOG), run.method_metrics())
     write_run_report(run)
-    run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")},
-            **_cuda_peak(device or pick_device(config["run"]["device"])))
+    run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")}, **_cuda_peak(device))
     return metrics
 
 
@@ -332,11 +336,10 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
         raise ConfigError(f"--out {out}: that is inside a run's {RELEASE}/ folder, which holds only what may be "
                           "shared; the evaluation shows real training images: give --out a folder outside it")
     release = load_release(path, dataset.info)
-    ledger = selection_ledger(dataset, config["dataset"]["split_seed"])
-    accountant, delta = Accountant(config["privacy"]["accountant"]), resolve_delta(config, dataset.info.num_train)
-    metrics = evaluate_release(release, dataset,
-                               EvaluationSettings.from_config(config["evaluation"]), ledger, accountant, delta, out,
-                               pick_device(config["run"]["device"]))
+    ledger = selection_ledger(dataset, DatasetSettings.of(config).split_seed)
+    accountant, delta = Accountant(PrivacySettings.of(config).accountant), resolve_delta(config, dataset.info.num_train)
+    metrics = evaluate_release(release, dataset, EvaluationSettings.of(config), ledger, accountant, delta, out,
+                               pick_device(RunSettings.of(config).device))
     return metrics, out
 
 
@@ -346,8 +349,9 @@ def _at_release_shape(config: Config, path: Path) -> Config:
     if not draws_noisy_shape(config):
         return config
     _, channels, side, _ = read_release(path).images.shape
+    settings = DatasetSettings.of(config)
     for key, value in (("resolution", side), ("channels", channels)):
-        if config["dataset"][key] == AUTO:
+        if getattr(settings, key) == AUTO:
             config["dataset"][key] = int(value)
     return config
 
@@ -358,7 +362,7 @@ def _log_groups(run: RunDirectory, dataset: Dataset, config: Config) -> None:
     if groups is None:
         return
     sizes = torch.bincount(torch.unique(groups, return_inverse=True)[1])
-    cap = config["privacy"].get("max_images_per_group", 16)
+    cap = PrivacySettings.of(config).max_images_per_group
     run.log("groups", train_groups=len(sizes), largest=int(sizes.max()), capped=int((sizes > cap).sum()), cap=cap)
 
 
@@ -366,7 +370,7 @@ def _unit(info: DatasetInfo, config: Config) -> str:
     """What one record is, in words: an image, or a group of images (dataset_size then counts groups)."""
     if info.unit == "image":
         return "one image"
-    cap = config["privacy"].get("max_images_per_group", 16)
+    cap = PrivacySettings.of(config).max_images_per_group
     return (f"one group of images (a person, say): each DP-SGD step reads at most {cap} of a group's images; "
             "every other mechanism weighs a group's images 1 / their number")
 
@@ -380,7 +384,7 @@ def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float,
     if info.size_rule == "private":
         raise PrivacyError("the training set's size is not public (no published, declared or noisy size): it "
                            "cannot be shown in a release; nothing is released")
-    seeded = "user-set" if config["run"]["seed"] is not None else "secret"
+    seeded = "user-set" if RunSettings.of(config).seed is not None else "secret"
     size = {"neighbouring": NEIGHBOURING, "unit": _unit(info, config), "dataset_size": info.num_train,
             "dataset_size_rule": info.size_rule}
     report = {**ledger_report(ledger, accountant, delta), "noise_seed": seeded}

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, dump_config, load_config
+from .config import Config, PrivacySettings, RunSettings, dump_config, load_config
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
@@ -85,7 +85,7 @@ def run_name(config: Config, when: time.struct_time | None = None) -> str:
     """``<method>-<dataset>-eps<epsilon>-<YYYYmmdd-HHMMSS>``; ``nodp`` for eps<epsilon> in a run allowed to
     use the data without noise (``run.allow_non_private``), whose release no epsilon covers."""
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
-    budget = "nodp" if config["run"].get("allow_non_private") else f"eps{config['privacy']['epsilon']:g}"
+    budget = "nodp" if RunSettings.of(config).allow_non_private else f"eps{PrivacySettings.of(config).epsilon:g}"
     return f"{config['method']}-{config['dataset']['name']}-{budget}-{stamp}"
 
 
@@ -99,7 +99,7 @@ class RunDirectory:
     def create(cls, config: Config, root: str | Path | None = None, name: str | None = None) -> RunDirectory:
         """A new run directory under ``root`` (default ``config['run']['out_dir']``) named ``name`` (default
         :func:`run_name`; ``-2``, ``-3``... appended while the name is taken)."""
-        base = Path(root if root is not None else config["run"]["out_dir"]) / (name or run_name(config))
+        base = Path(root if root is not None else RunSettings.of(config).out_dir) / (name or run_name(config))
         path, suffix = base, 1
         while True:
             try:

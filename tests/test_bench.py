@@ -77,10 +77,10 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
     assert "dpdm-digits-eps8/config.yaml: this cell was started with another config (dpsgd.epochs: 0.25 there, " \
            "2.0 now)" in capsys.readouterr().err
 
-    config = pe / "config.yaml"  # a cell made before evaluation.distillation_temperature existed
+    config = pe / "config.yaml"  # a cell made before evaluation.distillation_temperature (and schema) existed
     text = config.read_text()
-    assert "  distillation_temperature: null\n" in text
-    config.write_text(text.replace("  distillation_temperature: null\n", "", 1))
+    assert text.startswith("schema: 1\n") and "  distillation_temperature: null\n" in text
+    config.write_text(text.replace("schema: 1\n", "", 1).replace("  distillation_temperature: null\n", "", 1))
     monkeypatch.chdir(tmp_path)  # and the same bench named by a relative path (its cells record an absolute one)
     assert bench(tmp_path, ["dpdm", "pe"], "--out", "bench") == 0
 

@@ -10,17 +10,15 @@ import pytest
 import torch
 from conftest import absolute_paths, privacy_report, secret_stream
 
-from dpsynth.api import check_stored_config, resolve_config
+from dpsynth.api import resolve_config
 from dpsynth.bench import Cell
 from dpsynth.bench.results import cell_row
 from dpsynth.cli import main
-from dpsynth.config import section_settings
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows, spread_start
-from dpsynth.diffusion.settings import UNetSettings
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import get_method
 from dpsynth.models import build_unet
@@ -196,13 +194,3 @@ def test_privimage_refuses_a_class_start_it_does_not_implement():
         config = resolve_config(method, overrides=[f"model.class_start={wrong}"])
         with pytest.raises(ConfigError, match=f"class_start must be one of {allowed} for {method}, got '{wrong}'"):
             get_method(method)(config)
-
-
-def test_a_run_configured_before_init_from_and_num_images_existed_still_resumes():
-    config = resolve_config("dpdm", dataset="digits")
-    del config["model"]["init_from"], config["model"]["class_start"], config["dataset"]["num_images"]
-    check_stored_config(config, "config.yaml")
-    assert section_settings(UNetSettings, config, "model").class_start == "shared"  # as such runs started
-    del config["model"]["attention"]
-    with pytest.raises(ConfigError, match="config.yaml: missing model.attention"):
-        check_stored_config(config, "config.yaml")

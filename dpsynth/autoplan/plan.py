@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from ..config import Config, merge
+from ..config import Config, PlanSettings, PrivacySettings, SamplingSettings, merge
 from ..data import DatasetInfo
 from ..errors import ConfigError
-from ..hardware import AUTO, resolve_bf16, resolve_compile
+from ..evaluation import EvaluationSettings
+from ..hardware import resolve_bf16, resolve_compile
 from ..methods import get_method
 from ..methods.base import Method
 from .memory import probe_memory
@@ -87,12 +88,11 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
     probes = method.throughput_probes(inputs.shape, inputs.num_classes, device)
     dpsgd = {section: dpsgd_cost(probe, device, inputs.num_train, rows) for section, (probe, rows)
              in probes.dpsgd.items()}
-    evaluation = config["evaluation"]
-    enabled = evaluation.get("enabled", True)
-    classifiers = {name: classifier_cost(name, inputs.shape, inputs.num_classes, evaluation["classifier_batch_size"],
-                                         device) for name in (evaluation["classifiers"] if enabled else [])}
-    fast = resolve_bf16(evaluation.get("fast_inception", AUTO), device, "evaluation.fast_inception").value
-    inception = inception_cost(device, fast, evaluation["inception_batch_size"]) if enabled else 0.0
+    evaluation = EvaluationSettings.of(config)
+    classifiers = {name: classifier_cost(name, inputs.shape, inputs.num_classes, evaluation.classifier_batch_size,
+                                         device) for name in (evaluation.classifiers if evaluation.enabled else [])}
+    fast = resolve_bf16(evaluation.fast_inception, device, "evaluation.fast_inception").value
+    inception = inception_cost(device, fast, evaluation.inception_batch_size) if evaluation.enabled else 0.0
     return Throughput(str(device), dpsgd, probes.sampling() if probes.sampling else 0.0,
                       probes.public() if probes.public else 0.0, classifiers, inception,
                       time.perf_counter() - start)
@@ -100,10 +100,10 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
 
 def compiles_sampling(config: Config, device: torch.device) -> bool:
     """Whether the release's sampler will be compiled (:func:`dpsynth.hardware.resolve_compile`)."""
-    sampling = config["sampling"]
-    bf16 = resolve_bf16(sampling.get("bf16", AUTO), device, "sampling.bf16").value
-    work = sampling["num_samples"] * config.get("diffusion", {}).get("sample_steps", 0)
-    return bool(work) and resolve_compile(sampling.get("compile", AUTO), device, bf16, work).value
+    sampling = SamplingSettings.of(config)
+    bf16 = resolve_bf16(sampling.bf16, device, "sampling.bf16").value
+    work = sampling.num_samples * config.get("diffusion", {}).get("sample_steps", 0)
+    return bool(work) and resolve_compile(sampling.compile, device, bf16, work).value
 
 
 def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Config:
@@ -112,12 +112,13 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Co
     if config.get("preset") != AUTO_PRESET:
         check_preset_fits(config, info)
         return config
-    if config["plan"].get("probe") is not None:  # derived already
+    plan = PlanSettings.of(config)
+    if plan.probe is not None:  # derived already
         return config
     method_cls = get_method(config["method"])
     shape = method_shape(method_cls)
-    inputs = plan_inputs(info, device, config["privacy"].get("max_images_per_group", 1))
-    budget, kept = parse_duration(config["plan"]["time_budget"]), config["plan"]["user_keys"]
+    inputs = plan_inputs(info, device, PrivacySettings.of(config).max_images_per_group)
+    budget, kept = parse_duration(plan.time_budget), list(plan.user_keys)
     config, decisions = deepened(config, inputs.shape[1], kept)
     throughput = measure(method_cls(config), config, inputs, device)
     overrides, sized = derive(config, shape, inputs, throughput, budget, compiles_sampling(config, device), kept)
@@ -125,7 +126,7 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Co
     planned = copy.deepcopy(config)
     merge(planned, user_keys_kept(overrides, kept), "the derived plan")
     if device.type == "cuda":
-        chunks = user_keys_kept(fitting_chunks(planned, inputs, device, decisions), config["plan"]["user_keys"])
+        chunks = user_keys_kept(fitting_chunks(planned, inputs, device, decisions), kept)
         merge(planned, chunks, "the derived plan's memory estimate")
     expected = estimate_seconds(planned, shape, inputs, throughput, compiles_sampling(planned, device))
     planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
@@ -166,7 +167,7 @@ def fitting_chunks(config: Config, inputs: PlanInputs, device: torch.device, dec
 def check_preset_fits(config: Config, info: DatasetInfo) -> None:
     """ConfigError, with the fix, when a fixed preset's own DP-SGD batch exceeds the data or plans fewer than
     :data:`MIN_STEPS` steps on 500 images or more (a user's own batch and epochs are not second-guessed)."""
-    chosen = config.get("plan", {}).get("user_keys", [])
+    chosen = PlanSettings.of(config).user_keys
     for section in get_method(config["method"]).dpsgd_sections:
         if f"{section}.batch_size" in chosen or f"{section}.epochs" in chosen:
             continue

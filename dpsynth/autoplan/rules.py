@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config
+from ..config import Config, SamplingSettings
 from ..errors import ConfigError
 from .probe import StepCost, Throughput
 
@@ -147,8 +147,8 @@ def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: 
 def sampling_seconds(config: Config, throughput: Throughput, compiled: bool) -> float:
     """Seconds to sample the release: images x steps (x 2 under guidance) at the probed rate."""
     diffusion = config.get("diffusion", {})
-    rows = config["sampling"]["num_samples"] * diffusion.get("sample_steps", 0) * (2 if diffusion.get("guidance")
-                                                                                  else 1)
+    rows = SamplingSettings.of(config).num_samples * diffusion.get("sample_steps", 0) * (
+        2 if diffusion.get("guidance") else 1)
     seconds = rows * throughput.sample_per_image_step
     return COMPILED_SHARE * seconds + COMPILE_SECONDS if compiled and seconds else seconds
 
@@ -161,10 +161,10 @@ def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughpu
     if not evaluation.get("enabled", True):
         return 0.0
     split = {"train": inputs.num_train, "val": inputs.num_val, "test": inputs.num_test}[evaluation["real_split"]]
-    images = min(evaluation["num_synthetic"], config["sampling"]["num_samples"]) + min(evaluation["num_real"], split)
+    released = SamplingSettings.of(config).num_samples
+    images = min(evaluation["num_synthetic"], released) + min(evaluation["num_real"], split)
     seconds = throughput.inception_per_image * images
     epochs = (evaluation.get("soft_label_epochs") if soft_labels else None) or evaluation["classifier_epochs"]
-    released = config["sampling"]["num_samples"]
     for name in evaluation["classifiers"]:
         cost = throughput.classifiers[name]
         one = epochs * (released * cost["train"] + inputs.num_val * cost["test"]) + 2 * inputs.num_test * cost["test"]
@@ -215,7 +215,7 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
     overrides: dict[str, dict[str, Any]] = {}
     decisions: list[str] = []
     trial = {**config, "sampling": dict(config["sampling"])}
-    for size in RELEASE_SIZES if "sampling.num_samples" not in kept else [config["sampling"]["num_samples"]]:
+    for size in RELEASE_SIZES if "sampling.num_samples" not in kept else [SamplingSettings.of(config).num_samples]:
         trial["sampling"]["num_samples"] = size
         after = sampling_seconds(trial, throughput, compiled) + evaluation_seconds(trial, inputs, throughput,
                                                                                   method.soft_labels)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..api import KEYS_ADDED_LATER, dataset_from_config, plan_budget_for, resolve_config
+from ..api import dataset_from_config, plan_budget_for, resolve_config
 from ..config import BASE_CONFIG, Config, flat_keys, get_value
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
@@ -206,9 +206,9 @@ def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
 
 
 def _default(key: str) -> Any:
-    """What a config made before ``key`` existed had in its place: the shared default, or None (off) for a
-    method key added later."""
-    return None if key in KEYS_ADDED_LATER else _get_or(BASE_CONFIG, key)
+    """What a config made before ``key`` existed had in its place: the shared default (config.yaml files are
+    migrated as they are read, dpsynth.config.migrate)."""
+    return _get_or(BASE_CONFIG, key)
 
 
 def _get_or(config: Config, key: str) -> Any:

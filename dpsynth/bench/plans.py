@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..config import PlanSettings, SamplingSettings, load_config
 from ..errors import DpsynthError
+from ..runs import CONFIG
 
 
 def measured(root: Path) -> list[dict[str, Any]]:
@@ -19,7 +19,7 @@ def measured(root: Path) -> list[dict[str, Any]]:
 
 def measurement(folder: Path) -> dict[str, Any]:
     """The row of one finished measurement folder (``benchmarks/plan-run.sh ROOT NAME``)."""
-    runs = [path for path in folder.iterdir() if (path / "config.yaml").is_file()] if folder.is_dir() else []
+    runs = [path for path in folder.iterdir() if (path / CONFIG).is_file()] if folder.is_dir() else []
     if len(runs) != 1 or not (folder / "wall.txt").is_file():
         raise DpsynthError(f"{folder}: not a finished measurement: expected wall.txt beside one run directory "
                            f"(found {len(runs)})")
@@ -28,19 +28,20 @@ def measurement(folder: Path) -> dict[str, Any]:
 
 
 def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
-    config = yaml.safe_load((run / "config.yaml").read_text())
+    config = load_config((run / CONFIG).read_text(), str(run / CONFIG))
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     dpsgd = privacy["stages"][-1]["mechanisms"][0]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
-    expected = config["plan"].get("expected_seconds") or {}  # a fixed preset expects nothing
+    plan = PlanSettings.of(config)
+    expected = plan.expected_seconds or {}  # a fixed preset expects nothing
     stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
-            "release": config["sampling"]["num_samples"], "epsilon": privacy["epsilon"],
+            "release": SamplingSettings.of(config).num_samples, "epsilon": privacy["epsilon"],
             "preset": config["preset"], "measured_min": wall / 60,
-            "budget": config["plan"]["time_budget"] if expected else None,
+            "budget": plan.time_budget if expected else None,
             "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
             "fid_infinity": metrics.get("fid_infinity")}

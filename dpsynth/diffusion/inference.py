@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hardware import AUTO, Choice, resolve_bf16, resolve_compile
+from ..config import SamplingSettings
+from ..hardware import Choice, resolve_bf16, resolve_compile
 from ..utils.device import bf16_autocast
 
 
@@ -46,7 +47,7 @@ def sampling_inputs(rows: int, shape: tuple[int, ...], timesteps: int) -> tuple[
 
 
 @contextlib.contextmanager
-def sampling_model(model: nn.Module, settings: dict[str, Any], image_steps: int, example: tuple[torch.Tensor, ...]
+def sampling_model(model: nn.Module, settings: SamplingSettings, image_steps: int, example: tuple[torch.Tensor, ...]
                    ) -> Iterator[SamplingModel]:
     """``model`` prepared by ``settings`` (``bf16``, ``compile``) to sample ``image_steps`` images x steps;
     autocast is active inside.
@@ -55,8 +56,8 @@ def sampling_model(model: nn.Module, settings: dict[str, Any], image_steps: int,
     compilation's. A last chunk of another size is compiled again when it comes (keep ``sampling.num_samples`` a
     multiple of ``sampling.batch_size`` where compiling)."""
     device = next(model.parameters()).device
-    bf16 = resolve_bf16(settings.get("bf16", AUTO), device, "sampling.bf16")
-    compiled = resolve_compile(settings.get("compile", AUTO), device, bf16.value, image_steps)
+    bf16 = resolve_bf16(settings.bf16, device, "sampling.bf16")
+    compiled = resolve_compile(settings.compile, device, bf16.value, image_steps)
     chosen = SamplingModel(model, device, bf16, compiled)
     with torch.no_grad(), bf16_autocast(device, bf16.value):
         if compiled.value:

@@ -24,23 +24,23 @@ class UNetSettings:
     attention: bool = True
     norm_groups: int = positive()
     init_from: str | None = None
-    class_start: str = one_of(*CLASS_STARTS, default="shared")  # runs configured before it existed
+    class_start: str = one_of(*CLASS_STARTS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiffusionSettings:
     """The ``diffusion`` section: the noise schedule and what the network predicts, label dropout (for
     guidance), and how the release is sampled (sampler, steps, guidance weight and where on the trajectory it
-    acts). Runs configured before ``sampler`` and ``guidance_interval`` existed sample with DDIM throughout."""
+    acts)."""
 
     timesteps: int = positive()
     beta_schedule: str = "linear"
     prediction: str = one_of(*PREDICTIONS)
     label_dropout: float = at_least(0)
-    sampler: str = one_of(*SAMPLER_NAMES, default="ddim")
+    sampler: str = one_of(*SAMPLER_NAMES)
     sample_steps: int = positive()
     guidance: float = at_least(0)
-    guidance_interval: tuple[float, ...] = (0.0, 1.0)
+    guidance_interval: tuple[float, ...]
 
     def __post_init__(self) -> None:
         low, high = (self.guidance_interval + (-1.0, -1.0))[:2]

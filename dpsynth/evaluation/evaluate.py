@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import BASE_CONFIG
 from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import resolve_bf16
@@ -54,6 +53,7 @@ class EvaluationSettings:
     """The ``evaluation`` config section, checked; a ``protocol`` other than ``dpsynth`` fixes the keys it names
     (:data:`PROTOCOLS`), whatever the section says."""
 
+    enabled: bool
     protocol: str
     num_synthetic: int
     num_real: int
@@ -79,9 +79,17 @@ class EvaluationSettings:
     seed: int
 
     @classmethod
+    def of(cls, config: Mapping[str, Any]) -> EvaluationSettings:
+        """The ``evaluation`` section of a run's ``config``, checked."""
+        return cls.from_config(config["evaluation"])
+
+    @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> EvaluationSettings:
-        """The settings of an ``evaluation`` section; keys it lacks (a run made before they existed) default."""
-        values = {key: section.get(key, BASE_CONFIG["evaluation"][key]) for key in cls.__dataclass_fields__}
+        """The settings of an ``evaluation`` section; ConfigError naming a key it lacks or a value it cannot use."""
+        missing = [key for key in cls.__dataclass_fields__ if key not in section]
+        if missing:
+            raise ConfigError(f"evaluation.{missing[0]} is missing from the config")
+        values = {key: section[key] for key in cls.__dataclass_fields__}
         if values["protocol"] not in PROTOCOLS:
             raise ConfigError(f"evaluation.protocol must be one of {', '.join(PROTOCOLS)}, got {values['protocol']!r}")
         values.update(PROTOCOLS[values["protocol"]])
@@ -114,6 +122,8 @@ class EvaluationSettings:
                               f"got {self.classifier_schedule!r}")
         if not isinstance(self.classifier_augment, bool):
             raise ConfigError(f"evaluation.classifier_augment must be true or false, got {self.classifier_augment!r}")
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"evaluation.enabled must be true or false, got {self.enabled!r}")
         if not 0 <= self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
         resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")  # auto, true or false

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..config import Config
+from ..config import Config, SamplingSettings
 from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..privacy import PlannedStage
@@ -83,6 +83,7 @@ class Method(ABC):
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.sampling = SamplingSettings.of(config)  # how generate() chunks and computes the release
 
     @classmethod
     def fixed_preset(cls, name: str) -> dict[str, Any]:

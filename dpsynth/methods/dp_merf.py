@@ -94,5 +94,5 @@ class DPMERF(Method):
         if self.generator is None:
             raise RuntimeError("generate() needs a fitted generator: call fit() first")
         device = next(self.generator.parameters()).device
-        release = generated_set(self.generator, num_samples, self.config["sampling"]["batch_size"], device, generator)
+        release = generated_set(self.generator, num_samples, self.sampling.batch_size, device, generator)
         return Release(release.images.clamp(0, 1), release.labels)

@@ -21,7 +21,7 @@ from ..models import build_unet
 from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..training.context import RunContext
-from ..training.private import DpsgdSection, MakeBatch, PrivateTraining
+from ..training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch, PrivateTraining
 from ..training.probes import DpsgdProbe, Probes, forward_cost, timed
 from ..utils.device import memory_limited_by, to_device
 from .base import CPU_PROTOCOL, Method, Paper, Release, register
@@ -96,9 +96,9 @@ class DPDM(Method):
         self.public_start: dict[str, Any] = {}  # what init_from_public did, for the log
 
     @staticmethod
-    def _dpsgd_section(config: dict[str, Any]) -> DpsgdSection:
+    def _dpsgd_section(config: dict[str, Any]) -> DiffusionDpsgdSection:
         """The section of the diffusion model's DP-SGD (``dpsgd``)."""
-        return DpsgdSection.of(config, "dpsgd")
+        return DiffusionDpsgdSection.of(config, "dpsgd")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
@@ -205,9 +205,9 @@ class DPDM(Method):
             return batch
 
         def sampling() -> float:
-            rows = min(self.config["sampling"]["batch_size"], SAMPLING_PROBE_ROWS)
+            rows = min(self.sampling.batch_size, SAMPLING_PROBE_ROWS)
             images, times, labels = (t.to(device) for t in sampling_inputs(rows, shape, self.diffusion.timesteps))
-            bf16 = resolve_bf16(self.config["sampling"].get("bf16", "auto"), device, "sampling.bf16").value
+            bf16 = resolve_bf16(self.sampling.bf16, device, "sampling.bf16").value
             return forward_cost(unet(), [images, times], device, bf16, class_labels=labels)
 
         def public() -> float:
@@ -226,9 +226,10 @@ class DPDM(Method):
         for section in self.dpsgd_sections:
             settings = DpsgdSection.of(self.config, section)
             bf16 = resolve_bf16(settings.bf16, device, settings.key("bf16")).value
-            probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(settings.noise_multiplicity),
-                                          settings.physical_batch_size, bf16, self.diffusion.example_losses),
-                               settings.noise_multiplicity)
+            k = (DiffusionDpsgdSection.of(self.config, section).noise_multiplicity
+                 if "noise_multiplicity" in self.config[section] else 1)  # no K (DP-SAD's student): one draw
+            probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(k),
+                                          settings.physical_batch_size, bf16, self.diffusion.example_losses), k)
         return Probes(probes, sampling, public if self.public_sections else None)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
@@ -237,11 +238,11 @@ class DPDM(Method):
         info, settings = self.info, self.diffusion_settings
         labels = torch.arange(num_samples) % info.num_classes
         self.model.eval()
-        batch_size = self.config["sampling"]["batch_size"]
+        batch_size = self.sampling.batch_size
         chunks = labels.split(batch_size)
         work = num_samples * settings.sample_steps
         with memory_limited_by("sampling.batch_size", batch_size, "sampling the release"), \
-                sampling_model(self.model, self.config["sampling"], work, self._example(chunks[0])) as chosen:
+                sampling_model(self.model, self.sampling, work, self._example(chunks[0])) as chosen:
             images = torch.cat([
                 self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings.sample_steps,
                                       settings.guidance, generator, settings.sampler, chosen.device,

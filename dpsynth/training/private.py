@@ -34,8 +34,8 @@ def dpsgd_schedule(section: str, batch_size: int, epochs: float, num_train: int)
 @dataclass(frozen=True, kw_only=True)
 class DpsgdSection:
     """A DP-SGD config section (``dpsgd``; DP-SAD's ``teacher`` and ``student``): expected batch, epochs,
-    clipping norm, Adam's learning rate, EMA decay, the chunk of examples per pass, how often to checkpoint, bf16
-    autocast (true, false or auto) and the noise multiplicity K (draws of t per example)."""
+    clipping norm, Adam's learning rate, EMA decay, the chunk of examples per pass, how often to checkpoint and
+    bf16 autocast (true, false or auto)."""
 
     section: str = "dpsgd"  # the section's name, for messages
     batch_size: int = positive()
@@ -46,7 +46,6 @@ class DpsgdSection:
     physical_batch_size: int = positive()
     checkpoint_every: int = positive()
     bf16: bool | str = "auto"
-    noise_multiplicity: int = positive(default=1)
 
     @classmethod
     def of(cls: type[D], config: Config, section: str) -> D:
@@ -62,6 +61,14 @@ class DpsgdSection:
     def key(self, name: str) -> str:
         """The dotted config key of field ``name``, for messages."""
         return f"{self.section}.{name}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffusionDpsgdSection(DpsgdSection):
+    """The DP-SGD section of a diffusion model's denoising loss: with the noise multiplicity K, the draws of the
+    time t (and noise) each example's loss averages over before its gradient is clipped."""
+
+    noise_multiplicity: int = positive()
 
 
 @dataclass(kw_only=True)

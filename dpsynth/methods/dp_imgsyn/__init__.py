@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import Config, at_least, positive, preset_with, section_settings
+from ...config import Config, DatasetSettings, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
@@ -127,7 +127,7 @@ class DPImgSyn(Method):
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         alignment = self.alignment_settings
         if alignment.init == "public" and alignment.public == info.name and \
-                alignment.public_data_dir == self.config["dataset"]["data_dir"]:
+                alignment.public_data_dir == DatasetSettings.of(self.config).data_dir:
             raise ConfigError(f"alignment.public: {info.name!r} is the private dataset itself; choose a public "
                               "one (e.g. mnist-5k for a Fashion-MNIST private set) or alignment.init=noise")
         teacher = self.teacher_settings
@@ -241,7 +241,7 @@ class DPImgSyn(Method):
                          scaling: MomentScaling, public: torch.Tensor | None) -> Release:
         """Alg. 1 batch by batch on ``sampling.num_samples`` images, then the teacher's soft labels."""
         settings = self.alignment_settings
-        count, num_classes = self.config["sampling"]["num_samples"], context.dataset.info.num_classes
+        count, num_classes = self.sampling.num_samples, context.dataset.info.num_classes
         starts = self._starting_images(count, public, context.dataset.info.shape, context.generator)
         targets = torch.cat([uniform_targets(len(chunk), num_classes) for chunk in starts.split(settings.batch_size)])
         aligned, losses = align_images(teacher, starts, targets, statistics, scaling, settings, context.device)

@@ -40,7 +40,7 @@ from ...config import Config, at_least, one_of, positive, preset_with, section_s
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...training.context import RunContext, weights
-from ...training.private import DpsgdSection, MakeBatch
+from ...training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import to_uint8
 from ..base import CPU_PROTOCOL, Paper, register
@@ -54,7 +54,7 @@ TEACHER_STAGE, STUDENT_STAGE = "teacher", "student"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TeacherSection(DpsgdSection):
+class TeacherSection(DiffusionDpsgdSection):
     """The ``teacher`` section: DPDM's DP-SGD settings, how the teacher is trained and its guidance w (Eq. 5)."""
 
     training: str = one_of(*TRAINING)
@@ -133,7 +133,7 @@ class DPSAD(DPDM):
         self.discriminator_settings = section_settings(DiscriminatorSettings, config, "discriminator")
 
     @staticmethod
-    def _dpsgd_section(config: dict[str, Any]) -> DpsgdSection:
+    def _dpsgd_section(config: dict[str, Any]) -> DiffusionDpsgdSection:
         """The teacher's section: the teacher is trained as DPDM trains its model."""
         return TeacherSection.of(config, "teacher")
 
@@ -167,7 +167,7 @@ class DPSAD(DPDM):
         settings, info = self.discriminator_settings, context.dataset.info
         labels = torch.arange(settings.pool) % info.num_classes
         teacher.eval()
-        batch_size = self.config["sampling"]["batch_size"]
+        batch_size = self.sampling.batch_size
         with memory_limited_by("sampling.batch_size", batch_size, "sampling the teacher's pool"):
             images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
                                                       settings.pool_steps, 0.0, context.generator,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...config import Config, choice_setting, positive, preset_with, section_settings
+from ...config import Config, PrivacySettings, choice_setting, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...privacy import PlannedStage
 from ...privacy.fourier_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
@@ -106,7 +106,7 @@ class FETAPro(DPFETA):
 
     def _noise(self, section: str, value: float | None) -> float:
         """``value``, or for None DPImageBench's noise multiplier of ``section`` at the run's epsilon."""
-        return auto_noise(section, self.config["privacy"]["epsilon"]) if value is None else value
+        return auto_noise(section, PrivacySettings.of(self.config).epsilon) if value is None else value
 
     def _uses_central(self) -> bool:
         return self.order != "frequency" and super()._uses_central()
