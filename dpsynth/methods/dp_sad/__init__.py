@@ -100,8 +100,11 @@ class DPSAD(DPDM):
     sections = {
         "model": DPDM.sections["model"],
         "diffusion": DPDM.sections["diffusion"],
-        # The teacher: DPDM's DP-SGD settings, plus how it is trained and its guidance w (Eq. 5).
-        "teacher": {**DPDM.sections["dpsgd"], "training": "dp", "guidance": 1.8},
+        # The teacher: DP-SGD on the denoising loss (DPDM's defaults, K = 32 draws of t per example), how it is
+        # trained and its guidance w (Eq. 5).
+        "teacher": {"batch_size": 4096, "epochs": 150.0, "noise_multiplicity": 32, "clip": 1.0, "lr": 3e-4,
+                    "ema": 0.999, "physical_batch_size": 16, "checkpoint_every": 50, "bf16": "auto", "training": "dp",
+                    "guidance": 1.8},
         # Clipping norms in the units of x_{t-1} (output) and of its parameter gradient: measured on
         # Fashion-MNIST (cpu model), the MSE terms' output gradients have norm 1e-4 to 2e-4; the parameter
         # gradients have mean norm 0.8e-4 to 1.8e-4 with the adversarial term (lambda = 1), 3e-5 without it.
@@ -114,11 +117,12 @@ class DPSAD(DPDM):
         # DPDM's paper preset for the teacher with 100 of its epochs, 50 student epochs; lambda = 1, w = 1.8,
         # learning rates 1e-4 as Sec. 5.1 (the paper's batch 128 and T = 500 have no DP-SGD meaning here).
         "paper": {"privacy": {"accountant": "rdp"}, "teacher": {"epochs": 100.0}},
-        # DPDM's cpu preset split between teacher (3 epochs) and student (1 epoch) at the same total steps.
+        # DPDM's cpu preset split between teacher (3 of its 6 epochs) and student (1 epoch) at the same total steps.
         "cpu": preset_with(CPU_PROTOCOL, {
             "model": DPDM.presets["cpu"]["model"],
             "diffusion": DPDM.presets["cpu"]["diffusion"],
-            "teacher": {**DPDM.presets["cpu"]["dpsgd"], "epochs": 3.0},
+            "teacher": {"batch_size": 512, "epochs": 3.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
+                        "physical_batch_size": 128, "checkpoint_every": 25},
             "student": {"batch_size": 512, "epochs": 1.0, "lr": 5e-4, "ema": 0.99, "physical_batch_size": 128,
                         "checkpoint_every": 25},
             "discriminator": {"lr": 2e-4, "pool": 1000, "pool_steps": 25},
