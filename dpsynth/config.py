@@ -332,6 +332,8 @@ def migrate(config: Config, source: str) -> Config:
 
 def choice_setting(config: Config, section: str, key: str, choices: Sequence[str]) -> str:
     """``config[section][key]``; ConfigError naming the key and the choices unless it is one of ``choices``."""
+    if key not in config.get(section, {}):
+        raise ConfigError(f"{section}.{key} is missing from the config")
     value = config[section][key]
     if value not in choices:
         raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, got {value!r}")

@@ -104,7 +104,8 @@ def test_alignment_lowers_the_feature_loss():
     scaling = public_scaling(teacher, torch.rand(20, 1, 8, 8) * 2 - 1, 1e9, 7, CPU)
     private = batch_statistics(teacher, torch.rand(64, 1, 8, 8) * 2 - 1, scaling)
     settings = AlignmentSettings(iterations=30, lr=0.05, betas=(0.5, 0.99), batch_size=20, alpha_feature=10.0,
-                                 alpha_class=1.0, alpha_tv=2.5e-5, alpha_l2=3e-8)
+                                 alpha_class=1.0, alpha_tv=2.5e-5, alpha_l2=3e-8, public="photo-patches",
+                                 public_data_dir=None, init="public", temperature=1.0)
     start = torch.zeros(20, 1, 8, 8) - 0.9  # far from the private statistics
     aligned, losses = align_batch(teacher, start, uniform_targets(20, 10), private, scaling, settings)
     assert losses["aligned_feature"] < 0.5 * losses["start_feature"]

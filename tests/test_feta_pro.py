@@ -78,9 +78,9 @@ def test_the_auxiliary_generator_moves_its_features_toward_the_noisy_target(tmp_
                                 "frequency", secret_stream())
     torch.manual_seed(0)
     generator = ConditionalGenerator(1, 8, 8, 10, latent=8, width_base=16)
-    losses = fit_generator(generator, targets, rff, GeneratorSettings(epochs=4, iterations_per_epoch=40, batch_size=200,
-                                                                   lr=0.01, lr_decay=0.9), torch.device("cpu"),
-                           torch.Generator().manual_seed(0))
+    settings = GeneratorSettings(epochs=4, iterations_per_epoch=40, batch_size=200, lr=0.01, lr_decay=0.9, latent=60,
+                                 width=64)
+    losses = fit_generator(generator, targets, rff, settings, torch.device("cpu"), torch.Generator().manual_seed(0))
     assert losses[-1] < 0.5 * losses[0]
 
 

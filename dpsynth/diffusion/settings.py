@@ -21,9 +21,9 @@ class UNetSettings:
 
     block_channels: tuple[int, ...] = positive()
     layers_per_block: int = positive()
-    attention: bool = True
+    attention: bool
     norm_groups: int = positive()
-    init_from: str | None = None
+    init_from: str | None
     class_start: str = one_of(*CLASS_STARTS)
 
 
@@ -34,7 +34,7 @@ class DiffusionSettings:
     acts)."""
 
     timesteps: int = positive()
-    beta_schedule: str = "linear"
+    beta_schedule: str
     prediction: str = one_of(*PREDICTIONS)
     label_dropout: float = at_least(0)
     sampler: str = one_of(*SAMPLER_NAMES)

@@ -50,12 +50,12 @@ class SelectionSettings:
     and the public classifier's architecture and training."""
 
     public: str
-    public_data_dir: str | None = None
-    public_num_images: int | None = positive(default=None)
+    public_data_dir: str | None
+    public_num_images: int | None = positive()
     ratio: float = positive()
     top_k: int = positive()
     noise_multiplier: float = positive()
-    classifier: str = "cnn"
+    classifier: str
     classifier_epochs: int = positive()
     classifier_batch_size: int = positive()
     classifier_lr: float = positive()

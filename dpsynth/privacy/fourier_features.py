@@ -76,7 +76,7 @@ class FrequencySettings:
 
     features: int = at_least(2)
     bandwidth: float = positive()
-    seed: int = 0
+    seed: int
     noise_multiplier: float | None = positive(default=None)
     count_noise: float = positive(default=100.0)
 

@@ -24,8 +24,8 @@ class GeneratorSettings:
     after each of ``epochs`` epochs of ``iterations_per_epoch`` batches of ``batch_size``; ``images`` it makes
     (FETA-Pro's auxiliary images)."""
 
-    latent: int = positive(default=60)
-    width: int = positive(default=64)
+    latent: int = positive()
+    width: int = positive()
     epochs: int = positive()
     iterations_per_epoch: int = positive()
     batch_size: int = positive()

@@ -45,7 +45,7 @@ class DpsgdSection:
     ema: float = at_least(0)
     physical_batch_size: int = positive()
     checkpoint_every: int = positive()
-    bf16: bool | str = "auto"
+    bf16: bool | str
 
     @classmethod
     def of(cls: type[D], config: Config, section: str) -> D:

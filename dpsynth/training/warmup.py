@@ -21,7 +21,7 @@ BatchLoss = Callable[..., torch.Tensor]
 AUGMENTATIONS = [subpolicy for subpolicy in default_policy if subpolicy[0][0] != "invert"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WarmupSettings:
     """A warm-up section: ``iterations`` Adam steps at ``lr`` on batches of ``batch_size``, RandAugmented
     (``augment_ops`` operations of ``augment_magnitude``) when ``augment``, checkpointed every
@@ -31,9 +31,9 @@ class WarmupSettings:
     batch_size: int = positive()
     lr: float = positive()
     checkpoint_every: int = positive()
-    augment: bool = False
-    augment_ops: int = positive(default=2)
-    augment_magnitude: int = positive(default=10)
+    augment: bool
+    augment_ops: int = positive()
+    augment_magnitude: int = positive()
 
 
 def augmented(augment: RandAugment, images: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ class CentralSettings:
     bins: int = at_least(2)
     count_noise: float = positive()
     downsample: int = positive()
-    denoise: bool = True
+    denoise: bool
 
     def query(self, num_train: int, noise: float) -> CentralQuery:
         return CentralQuery(self.kind, self.count, self.batch_size / num_train, noise, self.clip, self.bins,

@@ -64,7 +64,7 @@ class StatisticsSettings:
     ``auto``: from the starting images) and the batch size they are computed in."""
 
     noise_multiplier: float = positive()
-    clip: float | str = "auto"
+    clip: float | str
     batch_size: int = positive()
 
     def __post_init__(self) -> None:

@@ -27,16 +27,16 @@ class AlignmentSettings:
 
     iterations: int = positive()
     lr: float = positive()
-    betas: tuple[float, ...] = (0.5, 0.99)
+    betas: tuple[float, ...]
     batch_size: int = positive()
     alpha_feature: float = at_least(0)
     alpha_class: float = at_least(0)
     alpha_tv: float = at_least(0)
     alpha_l2: float = at_least(0)
-    public: str = "photo-patches"
-    public_data_dir: str | None = None
-    init: str = one_of(*INITS, default="public")
-    temperature: float = positive(default=1.0)
+    public: str
+    public_data_dir: str | None
+    init: str = one_of(*INITS)
+    temperature: float = positive()
 
     def __post_init__(self) -> None:
         if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):

@@ -56,7 +56,7 @@ class FrequencyWarmupSettings(WarmupSettings):
     """The ``frequency_warmup`` section: a warm-up, and the sampling steps of FETA-Pro-No-Auxiliary's
     differentiable samples."""
 
-    sample_steps: int = positive(default=4)
+    sample_steps: int = positive()
 
 
 @register

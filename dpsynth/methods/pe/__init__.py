@@ -53,9 +53,9 @@ class ApiSettings:
     images at a time)."""
 
     name: str = one_of(*APIS)
-    characters: str = "0123456789"
-    font_dirs: tuple[str, ...] = ()
-    model: str | None = None
+    characters: str
+    font_dirs: tuple[str, ...]
+    model: str | None
     steps: int = positive()
     batch_size: int = positive()
 
@@ -71,13 +71,13 @@ class EvolutionSettings:
     iterations: int = positive()
     population: int = positive()
     lookahead: int = at_least(0)
-    noise_multiplier: float | None = positive(default=None)
-    threshold: float | None = at_least(0, default=None)
+    noise_multiplier: float | None = positive()
+    threshold: float | None = at_least(0)
     degrees: tuple[float, ...] = positive()
     embedding: str = one_of(*EMBEDDINGS)
     class_counts: str = one_of("noisy", "balanced")
     count_noise: float = positive()
-    debug_nonprivate_fd: bool = False
+    debug_nonprivate_fd: bool
 
     def __post_init__(self) -> None:
         if len(self.schedule()) != self.iterations or not all(0 < d <= 1 for d in self.degrees):
