@@ -25,6 +25,7 @@ from .config import (
     build_config,
     choice_setting,
     flat_keys,
+    has_key,
     parse_overrides,
 )
 from .data import Dataset, DatasetInfo, get_source, load_dataset
@@ -108,8 +109,7 @@ def check_stored_config(config: Config, source: str) -> None:
     made it) names a known method and preset and holds every key of their defaults with usable values."""
     try:
         defaults = resolve_config(str(config.get("method")), preset=config.get("preset"))
-        stored = set(flat_keys(config))
-        missing = [key for key in flat_keys(defaults) if key not in stored]
+        missing = [key for key in flat_keys(defaults) if not has_key(config, key)]
         if missing:
             raise ConfigError(f"missing {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}: "
                               "not a config dpsynth wrote for this method")

@@ -223,6 +223,15 @@ def get_value(config: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def has_key(config: Mapping[str, Any], key: str) -> bool:
+    """Whether ``config`` holds dotted ``key`` (its value a leaf or a mapping, such as a derived plan's probe)."""
+    try:
+        get_value(config, key)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
 def set_value(config: Config, key: str, value: Any, source: str = "--set") -> None:
     """Set dotted ``key`` to ``value``; the key must exist and the type must match its default."""
     *parents, leaf = key.split(".")

@@ -56,6 +56,9 @@ def test_a_file_written_before_the_schema_is_migrated_with_the_behaviour_of_its_
     assert migrated["model"]["init_from"] is None and migrated["dataset"]["num_images"] is None
     assert migrated["evaluation"]["enabled"] is True and migrated["plan"] == BASE_CONFIG["plan"]
     assert PrivacySettings.of(migrated).max_images_per_group == 16
+    derived = copy.deepcopy(migrated)
+    derived["plan"].update(probe={"device": "cpu", "dpsgd": {}}, expected_seconds={"total": 60.0})
+    check_stored_config(derived, "config.yaml")  # a derived plan's mappings hold the keys they replace
     del migrated["model"]["attention"]
     with pytest.raises(ConfigError, match="config.yaml: missing model.attention"):
         check_stored_config(migrated, "config.yaml")

@@ -14,6 +14,7 @@ from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..privacy import PlannedStage
 from ..training.context import RunContext
+from ..training.diffusion import DiffusionTrainer
 from ..training.probes import Probes
 from . import REGISTERED
 
@@ -127,3 +128,31 @@ def register(cls: type[Method]) -> type[Method]:
     """Class decorator adding a method to the registry (``dpsynth.methods.METHODS``) under its ``name``."""
     REGISTERED[cls.name] = cls
     return cls
+
+
+class DiffusionMethod(Method):
+    """A method whose release is a diffusion model trained with DP-SGD: it holds a
+    :class:`~dpsynth.training.diffusion.DiffusionTrainer` (``trainer``: the UNet, its batches, DP-SGD phases and
+    sampling) and, once fitted, the model; its ``fit`` says what runs before, between and around the trainer's
+    phases. ``class_starts`` are the ``model.class_start`` values it implements."""
+
+    class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.trainer = DiffusionTrainer(config, self.class_starts, self.name)
+        self.model: torch.nn.Module | None = None
+        self.info: DatasetInfo | None = None
+
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        return self.trainer.public_data()
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections), shape, num_classes,
+                                   device)
+
+    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
+        if self.model is None or self.info is None:
+            raise RuntimeError("generate() needs a fitted model: call fit() first")
+        images, labels, sampling = self.trainer.generate(self.model, self.info, num_samples, generator)
+        return Release(images, labels, sampling=sampling)

@@ -1,259 +1,44 @@
 """DPDM (Dockhorn et al. 2023): a diffusion model trained with DP-SGD; DP-FETA without its warm-up."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import ClassVar
 
-import numpy as np
-import torch
-from tqdm.auto import tqdm
-
-from ..config import preset_with, section_settings
-from ..data import DatasetInfo, ImageSet
-from ..data.fingerprints import FINGERPRINTS
-from ..diffusion import Diffusion
-from ..diffusion.ddpm import drop_labels
-from ..diffusion.inference import sampling_inputs, sampling_model
-from ..diffusion.pretrain import init_from_public, model_label, public_fingerprints, read_pretraining
-from ..diffusion.settings import DiffusionSettings, UNetSettings
-from ..errors import ConfigError, DataError
-from ..hardware import resolve_bf16
-from ..models import build_unet
-from ..privacy import NonPrivateAccess, PlannedStage, SubsampledGaussianMechanism
-from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
+from ..config import Config, preset_with
+from ..data import DatasetInfo
+from ..privacy import PlannedStage
 from ..training.context import RunContext
-from ..training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch, PrivateTraining
-from ..training.probes import DpsgdProbe, Probes, forward_cost, timed
-from ..utils.device import memory_limited_by, to_device
-from .base import CPU_PROTOCOL, Method, Paper, Release, register
+from ..training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
+from ..training.private import DiffusionDpsgdSection
+from .base import CPU_PROTOCOL, DiffusionMethod, Paper, register
 
 DPSGD_STAGE = "dp-sgd"
-# A smoke run's UNet and sampler (Method.smoke): the smallest that runs every part.
-SMOKE_UNET = ("model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2")
-SAMPLING_PROBE_ROWS = 64  # images of the planner's timed sampling call (its cost per image-step is what it measures)
+# DPImageBench's DPDM settings, accounted with RDP as the paper reports; meant for a GPU.
+PAPER_PRESET = {"privacy": {"accountant": "rdp"}}
 
 
 @register
-class DPDM(Method):
+class DPDM(DiffusionMethod):
     """DP-SGD on a class-conditional diffusion UNet, with noise multiplicity K (K draws of t per example)."""
 
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
     paper = Paper("Tim Dockhorn, Tianshi Cao, Arash Vahdat, Karsten Kreis", "Differentially Private Diffusion Models",
                   "Transactions on Machine Learning Research (TMLR)", 2023, "https://arxiv.org/abs/2210.09929")
-    class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")  # the model.class_start values it implements
     dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
     smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
                                         "dpsgd.checkpoint_every=2")
-    sections = {
-        # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
-        # class_start: where the private class rows start when the public classes differ: shared (the null row),
-        # spread (public class rows far apart) or, for PrivImage, matched (by its semantic histogram).
-        "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
-                  "init_from": None, "class_start": "spread"},
-        "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
-                      "label_dropout": 0.1,
-                      "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
-                      "guidance_interval": [0.0, 1.0]},
-        "dpsgd": {
-            "batch_size": 4096,
-            "epochs": 150.0,
-            "noise_multiplicity": 32,
-            "clip": 1.0,
-            "lr": 3e-4,
-            "ema": 0.999,
-            # K = 32 rows each: 16 examples take ~8 GiB (28 x 28) / ~10 GiB (32 x 32) on a GPU (estimated), within
-            # a 24 GB card; on 80 GB, 64 (benchmarks/gpu_memory.py, README "GPUs").
-            "physical_batch_size": 16,
-            "checkpoint_every": 50,
-            "bf16": "auto",  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
-        },
-    }
-    presets = {
-        # DPImageBench's DPDM settings, accounted with RDP as the paper reports; meant for a GPU.
-        "paper": {"privacy": {"accountant": "rdp"}},
-        # Sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
-        "cpu": preset_with(CPU_PROTOCOL, {
-            "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
-            "diffusion": {"sample_steps": 10},
-            "dpsgd": {"batch_size": 512, "epochs": 6.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
-                      "physical_batch_size": 128, "checkpoint_every": 25},
-        }),
-    }
+    sections = SECTIONS
+    # paper: DPImageBench's; cpu: sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
+    presets = {"paper": PAPER_PRESET, "cpu": preset_with(CPU_PROTOCOL, CPU_PRESET)}
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.unet_settings = section_settings(UNetSettings, config, "model")
-        if self.unet_settings.class_start not in self.class_starts:
-            raise ConfigError(f"model.class_start must be one of {', '.join(self.class_starts)} for {self.name}, got "
-                              f"{self.unet_settings.class_start!r}")
-        self.diffusion_settings = section_settings(DiffusionSettings, config, "diffusion")
-        self.dpsgd_settings = self._dpsgd_section(config)
-        settings = self.diffusion_settings
-        self.diffusion = Diffusion(settings.timesteps, settings.beta_schedule, settings.prediction)
-        self.model: torch.nn.Module | None = None
-        self.ema: EMA | None = None
-        self.info: DatasetInfo | None = None
-        self.public_start: dict[str, Any] = {}  # what init_from_public did, for the log
-
-    @staticmethod
-    def _dpsgd_section(config: dict[str, Any]) -> DiffusionDpsgdSection:
-        """The section of the diffusion model's DP-SGD (``dpsgd``)."""
-        return DiffusionDpsgdSection.of(config, "dpsgd")
+        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
-    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
-        """The fingerprints of the public model's training images (``model.init_from``), which must come with it."""
-        directory = self.unet_settings.init_from
-        if not directory:
-            return {}
-        read_pretraining(directory, "model.init_from")
-        prints = public_fingerprints(directory)
-        if prints is None:
-            raise DataError(f"model.init_from: {directory} holds no {FINGERPRINTS}, so its training images cannot be "
-                            "checked to hold none of the private ones; dpsynth pretrain writes one")
-        return {model_label("model.init_from", directory): prints}
-
-    def _build(self, info: DatasetInfo, device: torch.device) -> torch.nn.Module:
-        """The UNet, with the public model's weights when ``model.init_from`` names one (logged at fit)."""
-        settings = self.unet_settings
-        model = build_unet(info.channels, info.height, info.num_classes, list(settings.block_channels),
-                           settings.layers_per_block, settings.attention, settings.norm_groups)
-        if settings.init_from:
-            self.public_start = init_from_public(model, settings.init_from, info.class_names, self.diffusion,
-                                                 class_start=settings.class_start)
-        return model.to(device)
-
-    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
-        """What runs before DP-SGD (nothing for DPDM; DP-FETA's central images and warm-up)."""
-
     def fit(self, context: RunContext) -> None:
-        """Pre-training (a hook), then DP-SGD; checkpoints carry ``phase`` so a resume skips finished phases."""
-        info = context.dataset.info
-        self.info, model = info, self._build(info, context.device)
-        self._log_public_start(context)
-        if not context.resuming(DPSGD_STAGE):  # the warm-up runs once, on rank 0; DP-SGD starts from its model
-            context.on_main(lambda: self.pretrain(context, model))
-            context.world.broadcast_module(model)
-        self.model, self.ema = model, self._train_private(context, model, DPSGD_STAGE, self.dpsgd_settings,
-                                                          self._batch_maker(context))
-
-    def _log_public_start(self, context: RunContext) -> None:
-        if self.public_start:
-            context.log("public model", **self.public_start)
-
-    def _train_private(self, context: RunContext, model: torch.nn.Module, stage: str, settings: DpsgdSection,
-                       make_batch: MakeBatch, loss: ExampleLoss | None = None, **hooks: Any) -> EMA:
-        """Stage ``stage``'s planned DP-SGD steps of ``loss`` (default the diffusion loss) with Adam and EMA, set by
-        ``settings``, resumed when the checkpoint is of that stage; ends with the EMA weights. ``hooks``:
-        PrivateTraining's ``parts`` and ``after_step``."""
-        event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-        ema = EMA(model, settings.ema)
-        if isinstance(event, SubsampledGaussianMechanism):  # the plan's noise, rate and steps, as accounted
-            noise, rate, steps = event.noise_multiplier, event.sample_rate, event.steps
-        else:  # a non-private stage: no noise, the rate of the configured batch
-            rate = settings.schedule(context.dataset.info.num_train).sample_rate
-            noise, steps = None, cast(NonPrivateAccess, event).count
-        bf16 = resolve_bf16(settings.bf16, context.device, settings.key("bf16")).value
-        engine = DpsgdSettings(noise, settings.clip, rate, settings.physical_batch_size, bf16)
-        batch_loss = self.diffusion.example_losses if loss is None else None
-        training = PrivateTraining(stage=stage, model=model, optimizer=optimizer,
-                                   loss=loss or self.diffusion.example_loss, settings=engine, steps=steps,
-                                   checkpoint_every=settings.checkpoint_every,
-                                   memory_setting=(settings.key("physical_batch_size"), settings.physical_batch_size),
-                                   ema=ema, batch_loss=batch_loss, **hooks)
-        training.run(context, make_batch)
-        ema.copy_to(model)
-        return ema
-
-    def _batch_maker(self, context: RunContext, data: ImageSet | None = None) -> MakeBatch:
-        """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise,
-        with the DP-SGD section's noise multiplicity K (draws of t per example).
-
-        Batches of the private split draw their randomness from the rank's example generator, batches of other
-        data from the shared one."""
-        train = data if data is not None else context.dataset.train
-        device = context.device
-        generator = context.generator if data is not None else context.example_generator
-        shape, k = context.dataset.info.shape, self.dpsgd_settings.noise_multiplicity
-        null, dropout = context.dataset.info.num_classes, self.diffusion_settings.label_dropout
-
-        def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            labels = drop_labels(train.labels[indices], null, dropout, generator)
-            times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
-            return tuple(to_device(t, device) for t in (train.images[indices], labels, times, noise))
-
-        return make_batch
-
-    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
-        """The UNet's DP-SGD in each DP-SGD section, its sampling calls and its public training, on random tensors."""
-        generator = torch.Generator().manual_seed(0)
-
-        def unet() -> torch.nn.Module:
-            settings = self.unet_settings
-            return build_unet(shape[0], shape[1], num_classes, list(settings.block_channels),
-                              settings.layers_per_block, settings.attention, settings.norm_groups).to(device)
-
-        def make_batch(k: int) -> MakeBatch:
-            def batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
-                images = torch.rand(len(indices), *shape, generator=generator)
-                labels = torch.randint(0, num_classes + 1, (len(indices),), generator=generator)
-                return tuple(t.to(device) for t in (images, labels, times, noise))
-            return batch
-
-        def sampling() -> float:
-            rows = min(self.sampling.batch_size, SAMPLING_PROBE_ROWS)
-            images, times, labels = (t.to(device) for t in sampling_inputs(rows, shape, self.diffusion.timesteps))
-            bf16 = resolve_bf16(self.sampling.bf16, device, "sampling.bf16").value
-            return forward_cost(unet(), [images, times], device, bf16, class_labels=labels)
-
-        def public() -> float:
-            model, rows = unet(), 64
-            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-            def step() -> None:
-                loss = self.diffusion.example_losses(model, *make_batch(1)(torch.arange(rows))).mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            step()
-            return timed(step, device) / rows
-
-        probes = {}
-        for section in self.dpsgd_sections:
-            settings = DpsgdSection.of(self.config, section)
-            bf16 = resolve_bf16(settings.bf16, device, settings.key("bf16")).value
-            k = (DiffusionDpsgdSection.of(self.config, section).noise_multiplicity
-                 if "noise_multiplicity" in self.config[section] else 1)  # no K (DP-SAD's student): one draw
-            probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(k),
-                                          settings.physical_batch_size, bf16, self.diffusion.example_losses), k)
-        return Probes(probes, sampling, public if self.public_sections else None)
-
-    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
-        if self.model is None or self.info is None:
-            raise RuntimeError("generate() needs a fitted model: call fit() first")
-        info, settings = self.info, self.diffusion_settings
-        labels = torch.arange(num_samples) % info.num_classes
-        self.model.eval()
-        batch_size = self.sampling.batch_size
-        chunks = labels.split(batch_size)
-        work = num_samples * settings.sample_steps
-        with memory_limited_by("sampling.batch_size", batch_size, "sampling the release"), \
-                sampling_model(self.model, self.sampling, work, self._example(chunks[0])) as chosen:
-            images = torch.cat([
-                self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings.sample_steps,
-                                      settings.guidance, generator, settings.sampler, chosen.device,
-                                      settings.guidance_interval)
-                for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
-            ])
-        return Release(images, labels, sampling=chosen.report())
-
-    def _example(self, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Inputs of one sampling call of the UNet on a chunk (doubled under guidance), to compile it."""
-        assert self.info is not None
-        rows = len(labels) * (2 if self.diffusion_settings.guidance else 1)
-        return sampling_inputs(rows, self.info.shape, self.diffusion.timesteps)
-
+        """DP-SGD from the (public or fresh) model; its checkpoints carry the stage, so a resume continues it."""
+        self.info = context.dataset.info
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings)

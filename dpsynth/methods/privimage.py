@@ -35,10 +35,12 @@ from ..models.classifiers import build_classifier
 from ..privacy import GaussianMechanism, PlannedStage
 from ..privacy.semantic_histogram import semantic_histogram
 from ..training.context import RunContext
-from ..training.warmup import Warmup, WarmupSettings, diffusion_loss
+from ..training.diffusion import SMOKE_UNET
+from ..training.private import DiffusionDpsgdSection
+from ..training.warmup import Warmup, WarmupSettings
 from ..utils.device import to_device
-from .base import Paper, register
-from .dpdm import DPDM, DPSGD_STAGE, SMOKE_UNET
+from .base import DiffusionMethod, Paper, register
+from .dpdm import DPDM, DPSGD_STAGE
 
 SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
 
@@ -62,13 +64,14 @@ class SelectionSettings:
 
 
 @register
-class PrivImage(DPDM):
+class PrivImage(DiffusionMethod):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
     smoke = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
              "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
              "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
+    dpsgd_sections = DPDM.dpsgd_sections
     public_sections = ("public_pretrain",)
     unestimated_phases = ("the semantic query classifier",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
@@ -98,6 +101,7 @@ class PrivImage(DPDM):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.selection_settings = section_settings(SelectionSettings, config, "selection")
         self.pretrain_settings = section_settings(WarmupSettings, config, "public_pretrain")
 
@@ -107,20 +111,25 @@ class PrivImage(DPDM):
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         public = self._public(info)[0]
-        return {**super().public_data(info),
+        return {**self.trainer.public_data(),
                 f"selection.public {self.selection_settings.public!r}": fingerprints(public.images)}
 
     def _public(self, info: DatasetInfo) -> tuple[ImageSet, list[str]]:
         settings = self.selection_settings
         return load_public(settings.public, settings.public_data_dir, info, settings.public_num_images)
 
-    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
+    def fit(self, context: RunContext) -> None:
+        """The public pre-training on the selected classes (once), then DPDM's DP-SGD."""
+        self.info = context.dataset.info
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
+                                      lambda model: self._pretrain(context, model))
+
+    def _pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Select the public classes (or restore the selection) and pre-train on them; the private class rows no
         public class was matched to start at the null row."""
         public, matched = self._selected_public(context)
         settings = self.pretrain_settings
-        loss = diffusion_loss(self.diffusion.batch_loss, self._batch_maker(context, public), len(public), settings,
-                              context.generator)
+        loss = self.trainer.warmup_loss(context, public, self.dpsgd_settings.noise_multiplicity, settings)
         Warmup([PHASE]).train(context, model, PHASE, settings, loss)
         embedding = model.get_submodule("class_embedding")
         assert isinstance(embedding, torch.nn.Embedding)
@@ -147,7 +156,7 @@ class PrivImage(DPDM):
     def _match(self, noisy: torch.Tensor, chosen: torch.Tensor) -> dict[int, int]:
         """Private class -> the chosen public class its images voted for, one each, of the largest total noisy
         count (``model.class_start: matched``); none for ``shared``."""
-        if self.unet_settings.class_start == "shared":
+        if self.trainer.unet_settings.class_start == "shared":
             return {}
         rows, columns = linear_sum_assignment(noisy[:, chosen].numpy(), maximize=True)
         return {int(r): int(chosen[c]) for r, c in zip(rows, columns, strict=True)}

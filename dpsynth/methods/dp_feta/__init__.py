@@ -18,9 +18,11 @@ from ...errors import ConfigError
 from ...privacy import PlannedStage
 from ...privacy.central_images import KINDS, CentralQuery, central_images
 from ...training.context import RunContext
-from ...training.warmup import LossFn, Warmup, WarmupSettings, diffusion_loss
-from ..base import Paper, register
-from ..dpdm import DPDM, DPSGD_STAGE, SMOKE_UNET
+from ...training.diffusion import SMOKE_UNET
+from ...training.private import DiffusionDpsgdSection
+from ...training.warmup import Warmup, WarmupSettings
+from ..base import DiffusionMethod, Paper, register
+from ..dpdm import DPDM, DPSGD_STAGE
 
 CENTRAL_IMAGES = "central_images.png"
 CENTRAL_STAGE = "central-images"
@@ -50,13 +52,30 @@ class CentralSettings:
                             self.count_noise, self.downsample, self.denoise)
 
 
+def central_stage(settings: CentralSettings, info: DatasetInfo, noise: float) -> PlannedStage:
+    """The central images' mechanisms on ``info``'s training split at noise multiplier ``noise``."""
+    return PlannedStage(CENTRAL_STAGE, settings.query(info.num_train, noise).events(info.num_classes,
+                                                                                    info.unit == "group"))
+
+
+def released_central_images(context: RunContext, settings: CentralSettings, noise: float) -> ImageSet:
+    """The central images, released (their mechanisms recorded first) or restored; their grid saved."""
+    info = context.dataset.info
+    central = ImageSet(*context.released(CENTRAL_STAGE, lambda: _tensors(central_images(
+        context.dataset.train, info.num_classes, settings.query(info.num_train, noise), context.ledger,
+        CENTRAL_STAGE, context.noise))))
+    context.save_grid(CENTRAL_IMAGES, central.images, central.labels, info.num_classes, min(10, settings.count))
+    return central
+
+
 @register
-class DPFETA(DPDM):
+class DPFETA(DiffusionMethod):
     """Central images (mean or mode) and an augmented non-private warm-up before DPDM's DP-SGD."""
 
     name = "dp-feta"
     smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1",
                                         "dpsgd.checkpoint_every=2")
+    dpsgd_sections: ClassVar[tuple[str, ...]] = DPDM.dpsgd_sections
     public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     paper = Paper("Kecen Li, Chen Gong, Xiaochen Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
@@ -81,11 +100,9 @@ class DPFETA(DPDM):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.central_settings = section_settings(CentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
-
-    def _query(self, info: DatasetInfo) -> CentralQuery:
-        return self.central_settings.query(info.num_train, self._central_noise())
 
     def _central_noise(self) -> float:
         noise = self.central_settings.noise_multiplier
@@ -94,47 +111,25 @@ class DPFETA(DPDM):
                               "value), got None")
         return noise
 
-    def _uses_central(self) -> bool:
-        return self.central_settings.count > 0
-
-    def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        """Fixed-noise stages released after the central images (none for DP-FETA)."""
-        return []
-
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        central = [PlannedStage(CENTRAL_STAGE, self._query(info).events(info.num_classes, info.unit == "group"))]
-        return ((central if self._uses_central() else []) + self._feature_stages(info)
-                + [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)])
+        central = [central_stage(self.central_settings, info, self._central_noise())]
+        return (central if self.central_settings.count > 0 else []) + [
+            self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
-    def warmup_phases(self) -> list[str]:
-        """Names of the non-private training phases, in order (each a checkpointed ``phase``)."""
-        return ["warmup"]
+    def fit(self, context: RunContext) -> None:
+        """The central images and the warm-up on them (once), then DPDM's DP-SGD."""
+        self.info = context.dataset.info
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
+                                      lambda model: self._warm_up(context, model))
 
-    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
+    def _warm_up(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images (or restore them), save their grid, then warm up on them."""
-        if not self._uses_central():
+        if self.central_settings.count == 0:
             return
-        central, settings = self._central(context), self.warmup_settings
-        self._warmup(context, model, "warmup", settings, self._diffusion_loss(context, central, settings))
-
-    def _warmup(self, context: RunContext, model: torch.nn.Module, phase: str, settings: WarmupSettings,
-                loss_fn: LossFn) -> None:
-        Warmup(self.warmup_phases()).train(context, model, phase, settings, loss_fn)
-
-    def _central(self, context: RunContext) -> ImageSet:
-        """The central images, released (their mechanisms recorded first) or restored; saves their grid."""
-        info = context.dataset.info
-        central = ImageSet(*context.released(CENTRAL_STAGE, lambda: _tensors(central_images(
-            context.dataset.train, info.num_classes, self._query(info), context.ledger, CENTRAL_STAGE,
-            context.noise))))
-        per_class = min(10, self.central_settings.count)
-        context.save_grid(CENTRAL_IMAGES, central.images, central.labels, info.num_classes, per_class)
-        return central
-
-    def _diffusion_loss(self, context: RunContext, data: ImageSet, settings: WarmupSettings) -> LossFn:
-        """The diffusion loss on a random batch of ``data``, RandAugmented when ``settings.augment``."""
-        return diffusion_loss(self.diffusion.batch_loss, self._batch_maker(context, data), len(data), settings,
-                              context.generator)
+        central = released_central_images(context, self.central_settings, self._central_noise())
+        settings = self.warmup_settings
+        loss = self.trainer.warmup_loss(context, central, self.dpsgd_settings.noise_multiplicity, settings)
+        Warmup(["warmup"]).train(context, model, "warmup", settings, loss)
 
 
 def _tensors(images: ImageSet) -> tuple[torch.Tensor, torch.Tensor]:

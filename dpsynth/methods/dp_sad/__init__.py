@@ -32,7 +32,6 @@ Privacy, and where we depart from the paper (Sec. 4.2-4.5):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -40,11 +39,11 @@ from ...config import Config, at_least, one_of, positive, preset_with, section_s
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...training.context import RunContext, weights
+from ...training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
 from ...training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import to_uint8
-from ..base import CPU_PROTOCOL, Paper, register
-from ..dpdm import DPDM, SMOKE_UNET
+from ..base import CPU_PROTOCOL, DiffusionMethod, Paper, register
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
 TRAINING = ("dp", "non-private")
@@ -84,7 +83,7 @@ class DiscriminatorSettings:
 
 
 @register
-class DPSAD(DPDM):
+class DPSAD(DiffusionMethod):
     """Teacher (DP-SGD by default) -> pool of teacher samples -> student distilled with DP-SGD and a discriminator."""
 
     name = "dp-sad"
@@ -98,8 +97,8 @@ class DPSAD(DPDM):
                   "Learning Differentially Private Diffusion Models via Stochastic Adversarial Distillation",
                   "European Conference on Computer Vision (ECCV)", 2024, "https://arxiv.org/abs/2408.14738")
     sections = {
-        "model": DPDM.sections["model"],
-        "diffusion": DPDM.sections["diffusion"],
+        "model": SECTIONS["model"],
+        "diffusion": SECTIONS["diffusion"],
         # The teacher: DP-SGD on the denoising loss (DPDM's defaults, K = 32 draws of t per example), how it is
         # trained and its guidance w (Eq. 5).
         "teacher": {"batch_size": 4096, "epochs": 150.0, "noise_multiplicity": 32, "clip": 1.0, "lr": 3e-4,
@@ -119,8 +118,8 @@ class DPSAD(DPDM):
         "paper": {"privacy": {"accountant": "rdp"}, "teacher": {"epochs": 100.0}},
         # DPDM's cpu preset split between teacher (3 of its 6 epochs) and student (1 epoch) at the same total steps.
         "cpu": preset_with(CPU_PROTOCOL, {
-            "model": DPDM.presets["cpu"]["model"],
-            "diffusion": DPDM.presets["cpu"]["diffusion"],
+            "model": CPU_PRESET["model"],
+            "diffusion": CPU_PRESET["diffusion"],
             "teacher": {"batch_size": 512, "epochs": 3.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
                         "physical_batch_size": 128, "checkpoint_every": 25},
             "student": {"batch_size": 512, "epochs": 1.0, "lr": 5e-4, "ema": 0.99, "physical_batch_size": 128,
@@ -131,15 +130,9 @@ class DPSAD(DPDM):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        assert isinstance(self.dpsgd_settings, TeacherSection)
-        self.teacher_settings = self.dpsgd_settings
+        self.teacher_settings = TeacherSection.of(config, "teacher")
         self.student_settings = StudentSection.of(config, "student")
         self.discriminator_settings = section_settings(DiscriminatorSettings, config, "discriminator")
-
-    @staticmethod
-    def _dpsgd_section(config: dict[str, Any]) -> DiffusionDpsgdSection:
-        """The teacher's section: the teacher is trained as DPDM trains its model."""
-        return TeacherSection.of(config, "teacher")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         """Teacher and student DP-SGD share one calibrated sigma; a non-private teacher is recorded as such."""
@@ -153,8 +146,8 @@ class DPSAD(DPDM):
     def fit(self, context: RunContext) -> None:
         """The teacher's DP-SGD and its sample pool (released in turn, or restored), then the student's."""
         info = context.dataset.info
-        self.info, teacher = info, self._build(info, context.device)
-        self._log_public_start(context)
+        self.info, teacher = info, self.trainer.build(info, context.device)
+        self.trainer.log_public_start(context)
         teacher.load_state_dict(context.released(TEACHER_STAGE, lambda: self._trained_teacher(context, teacher),
                                                  every_rank=True))
         pool = context.released("teacher-pool", lambda: self._teacher_pool(context, teacher))
@@ -163,7 +156,9 @@ class DPSAD(DPDM):
 
     def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The teacher's weights (its EMA) after its planned DP-SGD steps."""
-        self._train_private(context, teacher, TEACHER_STAGE, self.teacher_settings, self._batch_maker(context))
+        settings = self.teacher_settings
+        self.trainer.train_private(context, teacher, TEACHER_STAGE, settings,
+                                   self.trainer.batch_maker(context, settings.noise_multiplicity))
         return weights(teacher)
 
     def _teacher_pool(self, context: RunContext, teacher: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,9 +168,9 @@ class DPSAD(DPDM):
         teacher.eval()
         batch_size = self.sampling.batch_size
         with memory_limited_by("sampling.batch_size", batch_size, "sampling the teacher's pool"):
-            images = torch.cat([self.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
-                                                      settings.pool_steps, 0.0, context.generator,
-                                                      self.diffusion_settings.sampler)
+            images = torch.cat([self.trainer.diffusion.sample(teacher, chunk, info.shape, info.num_classes,
+                                                              settings.pool_steps, 0.0, context.generator,
+                                                              self.trainer.settings.sampler)
                                 for chunk in labels.split(batch_size)])
         return torch.from_numpy(to_uint8(images)), labels
 
@@ -186,14 +181,14 @@ class DPSAD(DPDM):
         teacher.eval()  # frozen (and in train mode a resumed run differed from an unbroken one by float rounding)
         for param in teacher.parameters():
             param.requires_grad_(False)
-        student = self._build(info, context.device)
+        student = self.trainer.build(info, context.device)
         if settings.init == "teacher":
             student.load_state_dict(teacher.state_dict())
         discriminator = Discriminator(info.channels, self.discriminator_settings.width,
-                                      self.diffusion).to(context.device)
+                                      self.trainer.diffusion).to(context.device)
         optimizer = torch.optim.Adam(discriminator.parameters(), lr=self.discriminator_settings.lr,
                                      betas=(0.5, 0.999))
-        loss = StudentLoss(self.diffusion, discriminator, settings.output_clip, settings.adversarial_weight)
+        loss = StudentLoss(self.trainer.diffusion, discriminator, settings.output_clip, settings.adversarial_weight)
         pool_set = (pool[0].float() / 255, pool[1])
 
         def discriminator_step() -> dict[str, torch.Tensor]:
@@ -202,7 +197,7 @@ class DPSAD(DPDM):
             noisy, times, labels, teacher_next, _ = self._student_inputs(
                 context, teacher, pool_set[0][indices], pool_set[1][indices], context.generator)
             with torch.no_grad():
-                student_next = self.diffusion.previous_mean(
+                student_next = self.trainer.diffusion.previous_mean(
                     student(noisy, times, class_labels=labels).sample, noisy, times)
             value = discriminator_loss(discriminator, teacher_next, student_next, noisy, times)
             optimizer.zero_grad(set_to_none=True)
@@ -211,9 +206,9 @@ class DPSAD(DPDM):
             context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
             return {"d_loss": value.detach()}
 
-        self._train_private(context, student, STUDENT_STAGE, self.student_settings,
-                            self._student_batches(context, teacher), loss, after_step=discriminator_step,
-                            parts={"discriminator": discriminator, "discriminator_optimizer": optimizer})
+        self.trainer.train_private(context, student, STUDENT_STAGE, self.student_settings,
+                                   self._student_batches(context, teacher), loss, after_step=discriminator_step,
+                                   parts={"discriminator": discriminator, "discriminator_optimizer": optimizer})
         return student
 
     def _student_batches(self, context: RunContext, teacher: torch.nn.Module) -> MakeBatch:
@@ -230,12 +225,13 @@ class DPSAD(DPDM):
                         labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         """x_t at one random t each (Eq. 15), t, labels, and two next-step images x_{t-1}: the teacher's
         (with guidance, Eq. 5) and the data's (the forward process's posterior mean given x_0)."""
-        times = torch.randint(0, self.diffusion.timesteps, (len(labels),), generator=generator)
+        times = torch.randint(0, self.trainer.diffusion.timesteps, (len(labels),), generator=generator)
         noise = torch.randn(images.shape, generator=generator)
-        noisy, target = self.diffusion.noisy(images, times, noise)
+        noisy, target = self.trainer.diffusion.noisy(images, times, noise)
         noisy, times, labels, target = (to_device(t, context.device) for t in (noisy, times, labels, target))
         with torch.no_grad():
-            teacher_out = self.diffusion.guided(teacher, noisy, times, labels, context.dataset.info.num_classes,
-                                                self.teacher_settings.guidance).float()
-        previous = self.diffusion.previous_mean
+            teacher_out = self.trainer.diffusion.guided(teacher, noisy, times, labels,
+                                                        context.dataset.info.num_classes,
+                                                        self.teacher_settings.guidance).float()
+        previous = self.trainer.diffusion.previous_mean
         return noisy, times, labels, previous(teacher_out, noisy, times), previous(target, noisy, times)

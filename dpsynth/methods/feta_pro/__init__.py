@@ -24,10 +24,11 @@ from ...training.feature_generator import (
     fit_generator,
     generated_set,
 )
-from ...training.warmup import LossFn, WarmupSettings
+from ...training.private import DiffusionDpsgdSection
+from ...training.warmup import LossFn, Warmup, WarmupSettings
 from ...utils.images import to_uint8
-from ..base import Paper, register
-from ..dp_feta import DPFETA
+from ..base import DiffusionMethod, Paper, register
+from ..dp_feta import DPFETA, DPSGD_STAGE, CentralSettings, central_stage, released_central_images
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
 FREQUENCY_STAGE = "frequency-features"
@@ -60,13 +61,14 @@ class FrequencyWarmupSettings(WarmupSettings):
 
 
 @register
-class FETAPro(DPFETA):
+class FETAPro(DiffusionMethod):
     """Central images and auxiliary-generator images warm up the diffusion model before DP-SGD."""
 
     name = "feta-pro"
     smoke = (*DPFETA.smoke, "frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
              "generator.images=40", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=4",
              "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2", "frequency_warmup.sample_steps=2")
+    dpsgd_sections = DPFETA.dpsgd_sections
     public_sections = ("warmup", "frequency_warmup")
     unestimated_phases = ("the auxiliary generator",)
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
@@ -99,6 +101,9 @@ class FETAPro(DPFETA):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
+        self.central_settings = section_settings(CentralSettings, config, "central")
+        self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
         self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
         self.generator_settings = section_settings(GeneratorSettings, config, "generator")
         self.frequency_warmup_settings = section_settings(FrequencyWarmupSettings, config, "frequency_warmup")
@@ -109,7 +114,7 @@ class FETAPro(DPFETA):
         return auto_noise(section, PrivacySettings.of(self.config).epsilon) if value is None else value
 
     def _uses_central(self) -> bool:
-        return self.order != "frequency" and super()._uses_central()
+        return self.order != "frequency" and self.central_settings.count > 0
 
     def _central_noise(self) -> float:
         return self._noise("central", self.central_settings.noise_multiplier)
@@ -118,17 +123,28 @@ class FETAPro(DPFETA):
         settings = self.frequency_settings
         return FrequencyQuery(self._noise("frequency", settings.noise_multiplier), settings.count_noise)
 
-    def _feature_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage(FREQUENCY_STAGE, self._frequency_query().events(info.num_classes,
-                                                                              info.unit == "group"))]
+    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        """The central images (unless the curriculum skips them), the frequency features, then DP-SGD."""
+        central = [central_stage(self.central_settings, info, self._central_noise())]
+        frequency = PlannedStage(FREQUENCY_STAGE, self._frequency_query().events(info.num_classes,
+                                                                                  info.unit == "group"))
+        return (central if self._uses_central() else []) + [frequency,
+                                                             self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
     def warmup_phases(self) -> list[str]:
         return ORDERS[self.order] if self._uses_central() else ["warmup-frequency"]
 
-    def pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
+    def fit(self, context: RunContext) -> None:
+        """The curriculum's warm-ups (once), then DPDM's DP-SGD."""
+        self.info = context.dataset.info
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
+                                      lambda model: self._warm_up(context, model))
+
+    def _warm_up(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images and the frequency features, fit the auxiliary generator, warm up."""
         rff = self.frequency_settings.features_of(context.dataset.info)
-        central = self._central(context) if self._uses_central() else None
+        central = (released_central_images(context, self.central_settings, self._central_noise())
+                   if self._uses_central() else None)
         targets = context.released(FREQUENCY_STAGE, lambda: noisy_class_means(
             context.dataset.train, context.dataset.info.num_classes, rff, self._frequency_query(), context.ledger,
             FREQUENCY_STAGE, context.noise))
@@ -136,18 +152,22 @@ class FETAPro(DPFETA):
         spatial, frequency = self.warmup_settings, self.frequency_warmup_settings
         losses: dict[str, LossFn] = {}
         if central is not None:
-            losses["warmup-spatial"] = self._diffusion_loss(context, central, spatial)
+            losses["warmup-spatial"] = self._warmup_loss(context, central, spatial)
         if auxiliary is not None:
-            losses["warmup-frequency"] = self._diffusion_loss(context, auxiliary, frequency)
+            losses["warmup-frequency"] = self._warmup_loss(context, auxiliary, frequency)
         else:
             losses["warmup-frequency"] = self._sample_matching_loss(context, rff, targets)
+        warmup = Warmup(self.warmup_phases())
         for phase in self.warmup_phases():
             if phase == "warmup-joint":
                 joint = replace(frequency, iterations=spatial.iterations + frequency.iterations)
-                self._warmup(context, model, phase, joint, self._joint_loss(context, losses, spatial, frequency))
+                warmup.train(context, model, phase, joint, self._joint_loss(context, losses, spatial, frequency))
             else:
                 settings = spatial if phase == "warmup-spatial" else frequency
-                self._warmup(context, model, phase, settings, losses[phase])
+                warmup.train(context, model, phase, settings, losses[phase])
+
+    def _warmup_loss(self, context: RunContext, data: ImageSet, settings: WarmupSettings) -> LossFn:
+        return self.trainer.warmup_loss(context, data, self.dpsgd_settings.noise_multiplicity, settings)
 
     def _auxiliary_images(self, context: RunContext, rff: RandomFourierFeatures, targets: torch.Tensor) -> ImageSet:
         """Images of the auxiliary generator fitted to ``targets`` (post-processing: released with them)."""
@@ -175,7 +195,7 @@ class FETAPro(DPFETA):
 
         def loss(model: torch.nn.Module, batch_size: int) -> torch.Tensor:
             labels = balanced_labels(batch_size, info.num_classes)
-            images = self.diffusion.ddim(model, labels, info.shape, info.num_classes, steps,
+            images = self.trainer.diffusion.ddim(model, labels, info.shape, info.num_classes, steps,
                                          generator=context.generator)
             return feature_matching_loss(images, labels.to(images.device), targets, rff)
 
