@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .config import PlanSettings, RunSettings, build_config, parse_overrides
 from .diffusion.settings import PretrainSettings
 from .errors import AuditFailure, DpsynthError
-from .methods import METHODS
+from .methods import METHODS, shortcuts
 from .provenance import version_line
 
 if TYPE_CHECKING:
@@ -184,10 +184,8 @@ def _run(args: argparse.Namespace) -> None:
     if args.resume:
         given = [option for option, value in (("METHOD", args.method), ("--dataset", args.dataset),
                                               ("--data-dir", args.data_dir), ("--epsilon", args.epsilon),
-                                              ("--preset", args.preset), ("--time-budget", args.time_budget),
-                                              ("--api", args.api),
-                                              ("--api-model", args.api_model), ("--public", args.public),
-                                              ("--init-from", args.init_from)) if value]
+                                              ("--preset", args.preset)) if value]
+        given += [option for option, _, value in _shortcut_values(args) if value]
         if given:
             raise DpsynthError(f"--resume takes its method and config from the run directory; leave out "
                                f"{', '.join(given)} (--device and --set of where and in what chunks it computes "
@@ -334,25 +332,24 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
     parser.add_argument("--time-budget", metavar="DURATION",
                         help="with --preset auto: wall time of the whole run, training, sampling and evaluation, "
                              "e.g. 45m or 2h (default: 30m; plan.time_budget)")
-    parser.add_argument("--api", help="PE: the foundation-model API, drawtext or diffusion (api.name)")
-    parser.add_argument("--api-model", help="PE: the diffusers model directory of the diffusion API (api.model)")
-    parser.add_argument("--public", help="DP-ImgSyn: the public dataset whose images are aligned (alignment.public)")
-    parser.add_argument("--init-from", metavar="DIR", help="start the diffusion model from one pre-trained on public "
-                                                          "data (dpsynth pretrain --for METHOD; model.init_from)")
+    for option, (key, text, metavar) in shortcuts().items():  # the methods' own (Method.shortcuts)
+        parser.add_argument(option, metavar=metavar, help=f"{text} ({key})")
     parser.add_argument("--allow-non-private", action="store_true",
                         help="a configuration that uses the private data without noise (e.g. DP-SAD's "
                              "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
     _add_set(parser, "privacy.accountant=rdp")
 
 
-# Options that stand for a config key: (attribute of the parsed arguments, key).
-SHORTCUTS = (("time_budget", "plan.time_budget"), ("api", "api.name"), ("api_model", "api.model"),
-             ("public", "alignment.public"), ("init_from", "model.init_from"))
+def _shortcut_values(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    """Each option that stands for a config key (``--time-budget`` and the methods' shortcuts): the option, the key
+    and the value given (None when not)."""
+    options = {"--time-budget": "plan.time_budget", **{option: key for option, (key, _, _) in shortcuts().items()}}
+    return [(option, key, getattr(args, option[2:].replace("-", "_"))) for option, key in options.items()]
 
 
 def _method_overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` pairs, then the shortcut options as ``key=value`` (they win)."""
-    pairs = [(key, getattr(args, attribute)) for attribute, key in SHORTCUTS]
+    pairs = [(key, value) for _, key, value in _shortcut_values(args)]
     pairs.append(("run.allow_non_private", "true" if args.allow_non_private else None))
     return args.set + [f"{key}={value}" for key, value in pairs if value]
 

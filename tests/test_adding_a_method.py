@@ -31,6 +31,12 @@ def test_a_method_in_one_file_is_found_and_planned(toy: str):
     assert plan["epsilon"] == pytest.approx(2, rel=1e-3)
 
 
+def test_a_method_in_one_file_brings_its_command_line_options(toy: str, capsys: pytest.CaptureFixture[str]):
+    assert main(["privacy", toy, "--dataset", "digits", "--epsilon", "2", "--clip", "2.5", "--json"]) == 0
+    assert '"name": "class-means"' in capsys.readouterr().out
+    assert resolve_config(toy, overrides=["means.clip=2.5"])["means"]["clip"] == 2.5
+
+
 def test_a_method_in_one_file_passes_the_doctor(toy: str, capsys: pytest.CaptureFixture[str]):
     assert main(["doctor", "--device", "cpu", "--methods", toy]) == 0
     assert re.search(rf"^{toy} +ok .*resumed, epsilon [0-9.]+ <= 8", capsys.readouterr().out, re.MULTILINE)

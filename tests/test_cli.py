@@ -17,7 +17,7 @@ from dpsynth.api import resolve_config
 from dpsynth.cli import build_parser, main
 from dpsynth.config import BASE_CONFIG, flat_keys
 from dpsynth.errors import ConfigError
-from dpsynth.methods import METHODS, get_method
+from dpsynth.methods import METHODS, get_method, shortcuts
 from dpsynth.privacy import default_delta
 from dpsynth.provenance import source_commit
 
@@ -171,6 +171,12 @@ def test_every_method_module_is_found_and_registers_itself_under_its_name():
     assert list(METHODS) == ["dp-feta", "dp-imgsyn", "dp-merf", "dp-sad", "dpdm", "feta-pro", "pdp-diffusion", "pe",
                              "privimage"]
     assert all(METHODS[name].name == name for name in METHODS)
+
+
+def test_the_options_read_from_the_methods_source_are_their_classes_own():
+    declared = {option: shortcut for name in METHODS for option, shortcut in METHODS[name].shortcuts.items()}
+    assert shortcuts() == declared and {"--init-from", "--api", "--api-model", "--public"} <= set(declared)
+    assert METHODS["dpdm"].shortcuts["--init-from"][0] == "model.init_from" and not METHODS["dp-merf"].shortcuts
 
 
 def test_every_key_of_every_method_section_is_checked_when_the_method_is_made():

@@ -40,6 +40,7 @@ class NoisyClassMeans(Method):
     sections = {"means": {"clip": 4.0}}
     presets = {"cpu": CPU_PROTOCOL}
     default_preset = "cpu"
+    shortcuts = {"--clip": ("means.clip", "toy-means: the L2 norm each image is clipped to", None)}
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..config import Config, SamplingSettings
 from ..errors import ConfigError
+from ..evaluation import EvaluationSettings
 from .probe import StepCost, Throughput
 
 AUTO_PRESET = "auto"
@@ -157,18 +158,18 @@ def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughpu
     """Seconds of the evaluation: Inception features of both image sets, each classifier's seeds (every epoch
     trains on the release and tests the validation split; the chosen and the last epoch test the test split) and
     the fixed part."""
-    evaluation = config["evaluation"]
-    if not evaluation.get("enabled", True):
+    evaluation = EvaluationSettings.of(config)  # as the evaluation will run: its protocol applied
+    if not evaluation.enabled:
         return 0.0
-    split = {"train": inputs.num_train, "val": inputs.num_val, "test": inputs.num_test}[evaluation["real_split"]]
+    split = {"train": inputs.num_train, "val": inputs.num_val, "test": inputs.num_test}[evaluation.real_split]
     released = SamplingSettings.of(config).num_samples
-    images = min(evaluation["num_synthetic"], released) + min(evaluation["num_real"], split)
+    images = min(evaluation.num_synthetic, released) + min(evaluation.num_real, split)
     seconds = throughput.inception_per_image * images
-    epochs = (evaluation.get("soft_label_epochs") if soft_labels else None) or evaluation["classifier_epochs"]
-    for name in evaluation["classifiers"]:
+    epochs = evaluation.training(soft_labels).epochs
+    for name in evaluation.classifiers:
         cost = throughput.classifiers[name]
         one = epochs * (released * cost["train"] + inputs.num_val * cost["test"]) + 2 * inputs.num_test * cost["test"]
-        seconds += evaluation["classifier_seeds"] * one
+        seconds += evaluation.classifier_seeds * one
     return seconds + EVALUATION_FIXED_SECONDS
 
 

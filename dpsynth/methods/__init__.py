@@ -7,11 +7,14 @@ looked up, so the command line lists the methods and parses its arguments withou
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -56,6 +59,50 @@ class MethodRegistry(Mapping[str, "type[Method]"]):
 METHODS = MethodRegistry()
 
 
+# A command-line option that stands for a config key: the key, its help and its metavar (None: the option's name).
+Shortcut = tuple[str, str, "str | None"]
+
+
+def shortcuts() -> dict[str, Shortcut]:
+    """Every findable method's ``Method.shortcuts`` (option -> key, help, metavar), read from the source of its
+    module and of the classes it derives from in this package, so the command line lists them without importing
+    torch; a method registered by imported code adds its class's own."""
+    classes = {node.name: node for path in _sources() for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.ClassDef)}
+    found: dict[str, Shortcut] = {}
+    for node in classes.values():
+        if any(isinstance(d, ast.Name) and d.id == "register" for d in node.decorator_list):
+            found.update(_declared(node, classes))
+    for cls in REGISTERED.values():
+        found.update(cls.shortcuts)
+    return found
+
+
+def _sources() -> list[Path]:
+    """The source files of this package's methods and their interface, and of the entry points' modules."""
+    here = Path(__file__).parent
+    paths = [*here.glob("*.py"), *here.glob("*/__init__.py")]
+    for point in entry_points(group=ENTRY_POINTS):
+        spec = importlib.util.find_spec(point.value)
+        if spec is not None and spec.origin:
+            paths.append(Path(spec.origin))
+    return paths
+
+
+def _declared(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> dict[str, Shortcut]:
+    """The ``shortcuts`` class attribute of ``node``, else of the first of its bases that declares one."""
+    for statement in node.body:
+        targets = [statement.target] if isinstance(statement, ast.AnnAssign) else (
+            statement.targets if isinstance(statement, ast.Assign) else [])
+        value = getattr(statement, "value", None)
+        if value is not None and any(isinstance(t, ast.Name) and t.id == "shortcuts" for t in targets):
+            return dict(ast.literal_eval(value))
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in classes:
+            return _declared(classes[base.id], classes)
+    return {}
+
+
 def get_method(name: str) -> type[Method]:
     """The method ``name``; ConfigError listing the known ones otherwise."""
     if name not in METHODS:
@@ -63,4 +110,4 @@ def get_method(name: str) -> type[Method]:
     return METHODS[name]
 
 
-__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "get_method"]
+__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "get_method", "shortcuts"]

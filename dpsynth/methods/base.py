@@ -58,14 +58,14 @@ CPU_PROTOCOL: dict[str, dict[str, Any]] = {"sampling": {"num_samples": 20000}, "
 class Method(ABC):
     """A DP image-synthesis method: its config sections, presets and privacy stages.
 
-    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (their
-    config sections with defaults) and ``presets`` (nested overrides of any config key), ``releases_soft_labels``
-    when ``generate`` returns soft labels, ``needs_public_model`` when it cannot run without ``model.init_from``
-    (the bench then pre-trains one), ``smoke`` (``--set`` pairs over its ``cpu`` preset for a run of a few steps
-    of every stage on sklearn's digits: ``dpsynth doctor`` and the tests run it) and ``resume_settings`` (its keys
-    a resumed run may change: how it computes, never what), and register with :func:`register`. The derived
-    preset (``auto``, :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes`
-    measures.
+    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (their config
+    sections with defaults) and ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when
+    ``generate`` returns soft labels, ``needs_public_model`` when it cannot run without ``model.init_from`` (the
+    bench then pre-trains one), ``shortcuts`` (command-line options for its keys), ``smoke`` (``--set`` pairs over
+    its ``cpu`` preset for a run of a few steps of every stage on sklearn's digits: ``dpsynth doctor`` and the tests
+    run it) and ``resume_settings`` (its keys a resumed run may change: how it computes, never what), and register
+    with :func:`register`. The derived preset (``auto``, :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from
+    what :meth:`throughput_probes` measures.
     """
 
     name: ClassVar[str]
@@ -81,6 +81,9 @@ class Method(ABC):
     unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time
     smoke: ClassVar[tuple[str, ...]] = ()  # --set pairs over the cpu preset: a few steps of every stage
     resume_settings: ClassVar[tuple[str, ...]] = ()  # keys a resumed run may change (chunk sizes, say)
+    # Command-line options for its keys: option -> (key, help, metavar or None), a literal (the command line reads
+    # it from the source: dpsynth.methods.shortcuts).
+    shortcuts: ClassVar[dict[str, tuple[str, str, str | None]]] = {}
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -137,6 +140,8 @@ class DiffusionMethod(Method):
     phases. ``class_starts`` are the ``model.class_start`` values it implements."""
 
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")
+    shortcuts = {"--init-from": ("model.init_from", "start the diffusion model from one pre-trained on public data "
+                                                    "(dpsynth pretrain --for METHOD)", "DIR")}
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)

@@ -81,6 +81,7 @@ class DPImgSyn(Method):
              "teacher.epochs=0.2", "teacher.checkpoint_every=1", "alignment.init=noise", "alignment.iterations=2",
              "alignment.batch_size=10", "alignment.temperature=4")
     resume_settings = ("statistics.batch_size",)
+    shortcuts = {"--public": ("alignment.public", "DP-ImgSyn: the public dataset whose images are aligned", None)}
     dpsgd_sections = ("teacher",)
     unestimated_phases = ("the DP statistics", "the alignment of public images")
     releases_soft_labels = True

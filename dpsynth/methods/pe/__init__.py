@@ -98,6 +98,8 @@ class PrivateEvolution(Method):
     name = "pe"
     smoke = ("api.name=drawtext", "pe.population=20", "pe.iterations=2", "pe.lookahead=1")
     resume_settings = ("api.batch_size",)
+    shortcuts = {"--api": ("api.name", "PE: the foundation-model API, drawtext or diffusion", None),
+                 "--api-model": ("api.model", "PE: the diffusers model directory of the diffusion API", None)}
     unestimated_phases = ("the API's generation and the votes",)
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
     paper = Paper("Zinan Lin, Sivakanth Gopi, Janardhan Kulkarni, Harsha Nori, Sergey Yekhanin",
