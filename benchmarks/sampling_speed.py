@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from dpsynth.config import SamplingSettings
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.inference import sampling_inputs, sampling_model
 from dpsynth.models import build_unet
@@ -59,7 +60,7 @@ def _time(model: torch.nn.Module, diffusion: Diffusion, labels: torch.Tensor, sa
           settings: dict, args: argparse.Namespace) -> tuple[float, float, dict]:
     """Median seconds to sample ``labels`` (compilation excluded), the compilation's seconds, the choices."""
     example = sampling_inputs(args.batch, (1, 28, 28), diffusion.timesteps)
-    with sampling_model(model, settings, args.release * steps, example) as chosen:
+    with sampling_model(model, SamplingSettings(**settings), args.release * steps, example) as chosen:
         rounds = []
         for _ in range(args.rounds):
             start = time.perf_counter()

@@ -109,7 +109,7 @@ class RunSettings(Section):
     out_dir: str = "runs"
     seed: int | None = None
     device: str = "auto"
-    threads: int | Auto = positive(default="auto")
+    threads: int | Auto = "auto"  # auto or a positive number: dpsynth.hardware.check_threads says which
     allow_non_private: bool = False
 
 
@@ -121,8 +121,8 @@ class SamplingSettings(Section):
     section: ClassVar[str] = "sampling"
     num_samples: int = positive(default=60000)
     batch_size: int = positive(default=500)
-    bf16: bool | Auto = "auto"
-    compile: bool | Auto = "auto"
+    bf16: bool | str = "auto"  # auto, true or false: dpsynth.hardware resolves and checks both
+    compile: bool | str = "auto"
 
 
 SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,

@@ -81,6 +81,7 @@ def test_a_newer_schema_is_refused_with_the_fix():
     ("privacy.dataset_size", "many", "privacy.dataset_size must be a whole number or auto or noisy, got 'many'"),
     ("privacy.max_images_per_group", 0, "privacy.max_images_per_group must be a whole number above 0, got 0"),
     ("run.threads", True, "run.threads must be a whole number or auto, got True"),
+    ("run.threads", 0, "run.threads must be auto or a positive integer, got 0"),
     ("sampling.num_samples", 0, "sampling.num_samples must be a whole number above 0, got 0"),
 ])
 def test_a_shared_key_is_checked_by_its_field_and_named(key: str, value: object, message: str):

@@ -20,6 +20,7 @@ from conftest import (
 )
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
+from dpsynth.config import SamplingSettings
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import PREDICTIONS as PREDICTION_TYPES
 from dpsynth.diffusion.ddpm import SAMPLERS
@@ -147,7 +148,7 @@ def test_a_compiled_sampling_model_draws_what_the_eager_one_draws_without_compil
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # the example must match real calls
     samples = []
     for compiled in (False, True):
-        with sampling_model(model, {"bf16": False, "compile": compiled}, 16,
+        with sampling_model(model, SamplingSettings(bf16=False, compile=compiled), 16,
                             sampling_inputs(4, (1, 8, 8), diffusion.timesteps)) as chosen:
             samples.append(diffusion.sample(chosen.model, labels, (1, 8, 8), 3, 3,
                                             generator=torch.Generator().manual_seed(0), device=chosen.device))
