@@ -16,10 +16,11 @@ from torch import nn
 
 from dpsynth.autoplan.memory import ChunkMemory, chunk_memory
 from dpsynth.diffusion import Diffusion
-from dpsynth.methods.dp_imgsyn import DPImgSyn
-from dpsynth.methods.dpdm import DPDM
+from dpsynth.diffusion.settings import UNetSettings
+from dpsynth.methods.dp_imgsyn import TeacherSettings
 from dpsynth.models import build_unet, group_norm_resnet
 from dpsynth.privacy.per_example import BatchedGradients
+from dpsynth.training.private import DiffusionDpsgdSection
 
 SHAPES = {"28 x 28 x 1 (MNIST, F-MNIST)": (1, 28), "32 x 32 x 3 (CIFAR-10, CelebA, Camelyon)": (3, 32)}
 GIB = 2 ** 30
@@ -36,9 +37,12 @@ class Stage:
     backward: Callable[[nn.Module, int, int, int], None]
 
 
+DPSGD, TEACHER = DiffusionDpsgdSection(), TeacherSettings()  # the defaults of DPDM and DP-ImgSyn
+
+
 def _diffusion_pass(model: nn.Module, channels: int, side: int, examples: int) -> None:
     """The batched engine's pass: per-example losses of ``examples`` x K rows, gradients at module outputs."""
-    diffusion, k = Diffusion(prediction="v"), DPDM.sections["dpsgd"]["noise_multiplicity"]
+    diffusion, k = Diffusion(prediction="v"), DPSGD.noise_multiplicity
     times, noise = diffusion.training_inputs(examples, k, (channels, side, side), torch.Generator().manual_seed(0))
     batch = (torch.rand(examples, channels, side, side), torch.randint(0, 10, (examples,)), times, noise)
     BatchedGradients(model, diffusion.example_losses, dict(model.named_parameters()))(batch)
@@ -50,20 +54,19 @@ def _classifier_pass(model: nn.Module, channels: int, side: int, examples: int) 
 
 
 def _unet(channels: int, side: int) -> nn.Module:
-    model = DPDM.sections["model"]
-    return build_unet(channels, side, 10, model["block_channels"], model["layers_per_block"], model["attention"],
-                      model["norm_groups"])
+    model = UNetSettings()
+    return build_unet(channels, side, 10, model.block_channels, model.layers_per_block, model.attention,
+                      model.norm_groups)
 
 
 def _resnet(channels: int, side: int) -> nn.Module:
-    teacher = DPImgSyn.sections["teacher"]
-    return group_norm_resnet(channels, 10, teacher["blocks"], teacher["widths"], teacher["groups"])
+    return group_norm_resnet(channels, 10, TEACHER.blocks, TEACHER.widths, TEACHER.groups)
 
 
 STAGES = [
-    Stage("dpdm / dp-feta / feta-pro dpsgd, dp-sad teacher", _unet, DPDM.sections["dpsgd"]["noise_multiplicity"],
-          DPDM.sections["dpsgd"]["physical_batch_size"], _diffusion_pass),
-    Stage("dp-imgsyn teacher (ResNet-18)", _resnet, 1, DPImgSyn.sections["teacher"]["physical_batch_size"],
+    Stage("dpdm / dp-feta / feta-pro dpsgd, dp-sad teacher", _unet, DPSGD.noise_multiplicity,
+          DPSGD.physical_batch_size, _diffusion_pass),
+    Stage("dp-imgsyn teacher (ResNet-18)", _resnet, 1, TEACHER.physical_batch_size,
           _classifier_pass),
 ]
 

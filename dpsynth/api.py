@@ -76,7 +76,7 @@ def resolve_config(
                      if preset_name == AUTO_PRESET else method_cls.fixed_preset(preset_name))
     pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
     config = {"schema": SCHEMA, "method": method, "preset": preset_name,
-              **build_config(method_cls.sections, preset_values, preset_name, pairs)}
+              **build_config(method_cls.defaults(), preset_values, preset_name, pairs)}
     validate_config(config)
     return config
 

@@ -126,7 +126,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 def _starts_from_public() -> list[str]:
     """The methods whose diffusion model can start from a public one (``model.init_from``)."""
-    return sorted(name for name, method in METHODS.items() if "init_from" in method.sections.get("model", {}))
+    return sorted(name for name, method in METHODS.items() if "init_from" in method.defaults().get("model", {}))
 
 
 def _privacy(args: argparse.Namespace) -> None:

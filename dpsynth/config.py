@@ -35,6 +35,11 @@ def one_of(*choices: str, **kwargs: Any) -> Any:
     return field(metadata={"choices": choices}, **kwargs)
 
 
+def not_a_key(default: Any) -> Any:
+    """A settings field that is no config key (a section's own name, say): no config sets it."""
+    return field(default=default, metadata={"not_a_key": True})
+
+
 class Section:
     """A shared config section as a frozen dataclass: its fields are the section's keys, with their one default,
     type and rule; :meth:`of` reads the section of a config, checked."""
@@ -125,46 +130,50 @@ class SamplingSettings(Section):
     compile: bool | str = "auto"
 
 
-SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,
-                                              SamplingSettings)
+@dataclass(frozen=True, kw_only=True)
+class EvaluationSection(Section):
+    """The ``evaluation`` section: whether a run evaluates its release and how (a ``protocol`` other than
+    ``dpsynth`` fixes the keys it names); Inception metrics on ``num_synthetic`` and ``num_real`` images, downstream
+    classifiers trained on the release and selected privately at ``selection_epsilon``. The rules that need the
+    evaluation's own tables (protocols, classifier names, schedules) are checked by
+    :class:`dpsynth.evaluation.EvaluationSettings`."""
 
-# The evaluation section's defaults; dpsynth.evaluation.EvaluationSettings reads and checks it.
-EVALUATION_DEFAULTS: Config = {
-    "enabled": True,
-    "protocol": "dpsynth",
-    "num_synthetic": 2000,
-    "num_real": 2000,
-    "real_split": "train",
-    "fast_inception": "auto",
-    "inception_batch_size": 50,
-    "kid_subsets": 100,
-    "kid_subset_size": 1000,
-    "pr_k": 4,
-    "classifiers": ["cnn", "resnet"],
-    "classifier_epochs": 10,
-    "soft_label_epochs": None,
-    "distillation_temperature": None,
-    "classifier_seeds": 3,
-    "classifier_batch_size": 128,
-    "classifier_lr": 3e-3,
-    "classifier_schedule": "cosine",
-    "classifier_ema": 0.0,
-    "classifier_augment": False,
-    "selection_epsilon": 1.0,
-    "nearest_neighbours": 10,
-    "cache_dir": None,
-    "seed": 0,
-}
+    section: ClassVar[str] = "evaluation"
+    enabled: bool = True
+    protocol: str = "dpsynth"
+    num_synthetic: int = positive(default=2000)
+    num_real: int = positive(default=2000)
+    real_split: str = one_of("train", "val", "test", default="train")
+    fast_inception: bool | str = "auto"  # auto, true or false: dpsynth.hardware resolves and checks it
+    inception_batch_size: int = positive(default=50)
+    kid_subsets: int = positive(default=100)
+    kid_subset_size: int = positive(default=1000)
+    pr_k: int = positive(default=4)
+    classifiers: tuple[str, ...] = ("cnn", "resnet")
+    classifier_epochs: int = positive(default=10)
+    soft_label_epochs: int | None = positive(default=None)  # None: classifier_epochs
+    distillation_temperature: float | None = positive(default=None)  # None: the release's soft-label temperature
+    classifier_seeds: int = positive(default=3)
+    classifier_batch_size: int = positive(default=128)
+    classifier_lr: float = 3e-3
+    classifier_schedule: str = "cosine"
+    classifier_ema: float = at_least(0, default=0.0)
+    classifier_augment: bool = False
+    selection_epsilon: float = 1.0
+    nearest_neighbours: int = 10
+    cache_dir: str | None = None
+    seed: int = 0
 
 
 def section_defaults(kind: type) -> Config:
     """The defaults of settings dataclass ``kind`` as a config section (lists for tuples, as YAML writes them)."""
     return {spec.name: list(spec.default) if isinstance(spec.default, tuple) else spec.default
-            for spec in fields(kind)}
+            for spec in fields(kind) if not spec.metadata.get("not_a_key")}
 
 
-BASE_CONFIG: Config = {**{kind.section: section_defaults(kind) for kind in SHARED_SECTIONS},
-                       "evaluation": EVALUATION_DEFAULTS}
+SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,
+                                              SamplingSettings, EvaluationSection)
+BASE_CONFIG: Config = {kind.section: section_defaults(kind) for kind in SHARED_SECTIONS}
 
 
 # Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from .config import BASE_CONFIG, flat_keys, get_value
+from .config import BASE_CONFIG, flat_keys, get_value, has_key
 from .errors import ConfigError
 from .methods import METHODS
 
@@ -46,12 +46,13 @@ def config_table(name: str) -> str:
                           f"{', '.join(sorted(METHODS))}")
     method = METHODS[name]
     presets = list(method.presets)
-    keys = flat_keys(method.sections)
+    defaults = method.defaults()
+    keys = flat_keys(defaults)
     keys += [key for preset in presets for key in flat_keys(method.presets[preset])
              if key not in keys and key.split(".")[0] in BASE_CONFIG]
     rows = []
     for key in dict.fromkeys(keys):
-        default = get_value(method.sections if key in flat_keys(method.sections) else BASE_CONFIG, key)
+        default = get_value(defaults if has_key(defaults, key) else BASE_CONFIG, key)
         cells = [_preset_value(method.presets, preset, key) for preset in presets]
         rows.append(f"| `{key}` | {_shown(default)} | " + " | ".join(cells) + " |")
     header = "| key | default | " + " | ".join(f"`{preset}` preset" + (" (the default)"

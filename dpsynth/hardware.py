@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, RunSettings, SamplingSettings
+from .config import Config, EvaluationSection, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -90,7 +90,7 @@ def _bf16_settings(config: Config) -> list[tuple[str, Any]]:
     """(dotted key, value) of every ``bf16`` key and of ``evaluation.fast_inception``."""
     found = [(f"{section}.bf16", values["bf16"]) for section, values in config.items()
              if isinstance(values, dict) and "bf16" in values]
-    return found + [("evaluation.fast_inception", config.get("evaluation", {}).get("fast_inception", AUTO))]
+    return found + [("evaluation.fast_inception", EvaluationSection.of(config).fast_inception)]
 
 
 def usable_cores() -> int:

@@ -182,7 +182,7 @@ def test_the_options_read_from_the_methods_source_are_their_classes_own():
 def test_every_key_of_every_method_section_is_checked_when_the_method_is_made():
     for name in METHODS:
         method = get_method(name)
-        for key in flat_keys(method.sections):
+        for key in flat_keys(method.defaults()):
             config = resolve_config(name)
             section, leaf = key.split(".")
             config[section][leaf] = {"not": "a setting"}

@@ -3,8 +3,7 @@ config.yaml, older files migrated by one function and newer ones refused with th
 from __future__ import annotations
 
 import copy
-import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import pytest
 
@@ -16,7 +15,6 @@ from dpsynth.config import (
     PrivacySettings,
     RunSettings,
     dump_config,
-    flat_keys,
     load_config,
     section_settings,
 )
@@ -93,19 +91,14 @@ def test_a_shared_key_is_checked_by_its_field_and_named(key: str, value: object,
     assert RunSettings.of(resolve_config("dp-merf", preset="cpu", overrides=["run.threads=2"])).threads == 2
 
 
-# Keys of settings classes two methods share whose default serves the method whose section lacks the key
-# (DP-MERF's frequency and generator sections have no noise of their own and no auxiliary images).
-SHARED_CLASS_DEFAULTS = {"feta-pro": {"frequency.count_noise", "frequency.noise_multiplier", "generator.images"}}
-
-
-def test_a_method_key_has_its_default_in_the_method_alone():
-    for name in METHODS:
-        method, config = METHODS[name], resolve_config(name, preset="cpu")
-        for key in flat_keys(method.sections):
-            if key in SHARED_CLASS_DEFAULTS.get(name, ()):
-                continue
-            section, leaf = key.split(".")
-            lacking = copy.deepcopy(config)
-            del lacking[section][leaf]
-            with pytest.raises(ConfigError, match=f"{re.escape(key)} is missing from the config"):
-                method(lacking)  # no second default in its settings class to fall back on
+def test_a_method_section_is_a_dataclass_whose_fields_hold_every_default():
+    for name, method in METHODS.items():
+        defaults = method.defaults()
+        for section, kind in method.sections.items():
+            keys = [spec for spec in fields(kind) if not spec.metadata.get("not_a_key")]
+            assert all(spec.default is not MISSING for spec in keys), (name, section)
+            assert [spec.name for spec in keys] == list(defaults[section])
+            assert section_settings(kind, {}, section) == section_settings(kind, defaults, section)
+    with pytest.raises(ConfigError, match="frequency.noise_multiplier"):  # FETA-Pro's key, not DP-MERF's
+        resolve_config("dp-merf", overrides=["frequency.noise_multiplier=3"])
+    assert resolve_config("feta-pro")["frequency"]["noise_multiplier"] is None

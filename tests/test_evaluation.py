@@ -133,7 +133,7 @@ def test_soft_label_epochs_set_the_schedule_of_students_of_a_soft_label_release_
     settings = EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 30})
     assert settings.training(True).epochs == 30 and settings.training(False).epochs == 10
     assert EvaluationSettings.from_config(BASE_CONFIG["evaluation"]).training(True).epochs == 10
-    with pytest.raises(ConfigError, match="evaluation.soft_label_epochs must be a positive integer or null"):
+    with pytest.raises(ConfigError, match="evaluation.soft_label_epochs must be a whole number above 0, got 0"):
         EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "soft_label_epochs": 0})
 
 
@@ -145,7 +145,7 @@ def test_a_soft_label_release_is_re_tempered_to_the_distillation_temperature():
                       torch.softmax(logits / 100, 1).float().numpy(), soft_label_temperature=100.0)
     assert torch.allclose(release.soft_label_tensor(4.0), torch.softmax(logits / 4, 1).float(), atol=1e-5)
     assert torch.equal(release.soft_label_tensor(), release.soft_label_tensor(100.0))
-    with pytest.raises(ConfigError, match="evaluation.distillation_temperature must be a positive number or null"):
+    with pytest.raises(ConfigError, match="evaluation.distillation_temperature must be a number above 0, got 0"):
         EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "distillation_temperature": 0})
 
 

@@ -26,7 +26,7 @@ STAGE = "class-means"
 class MeansSettings:
     """The ``means`` section: the L2 norm each image is clipped to."""
 
-    clip: float = positive()
+    clip: float = positive(default=4.0)
 
 
 @register
@@ -37,7 +37,7 @@ class NoisyClassMeans(Method):
     description = "each class's noisy mean image (a toy: the smallest method that runs end to end)"
     paper = Paper("The dpsynth developers", "Adding a method", "dpsynth documentation", 2026,
                   "https://example.org/dpsynth/development/")
-    sections = {"means": {"clip": 4.0}}
+    sections = {"means": MeansSettings}
     presets = {"cpu": CPU_PROTOCOL}
     default_preset = "cpu"
     shortcuts = {"--clip": ("means.clip", "toy-means: the L2 norm each image is clipped to", None)}

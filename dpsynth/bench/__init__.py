@@ -30,12 +30,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..api import dataset_from_config, plan_budget_for, resolve_config
-from ..config import BASE_CONFIG, Config, flat_keys, get_value
+from ..config import BASE_CONFIG, Config, EvaluationSection, flat_keys, get_value
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
@@ -171,8 +171,8 @@ def _split_overrides(spec: BenchSpec) -> tuple[list[str], dict[str, list[str]]]:
 def _check_comparable(configs: dict[Cell, Config]) -> None:
     """Every cell releases as many images and is evaluated with the same settings (the students of soft-label
     releases have their own epochs and temperature, the same for every such cell)."""
-    for key in ("sampling.num_samples", *(f"evaluation.{k}" for k in next(iter(configs.values()))["evaluation"]
-                                          if k != "enabled")):
+    for key in ("sampling.num_samples", *(f"evaluation.{spec.name}" for spec in fields(EvaluationSection)
+                                          if spec.name != "enabled")):
         values = {cell.name: get_value(config, key) for cell, config in configs.items()
                   if key not in SOFT_LABEL_KEYS or METHODS[cell.method].releases_soft_labels}
         if len({repr(v) for v in values.values()}) > 1:

@@ -17,14 +17,16 @@ CLASS_STARTS = ("shared", "spread", "matched")
 class UNetSettings:
     """The ``model`` section: the UNet's channels per resolution, layers per block, attention, GroupNorm groups,
     a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one) and where its private
-    class rows start when the public classes differ (:func:`~dpsynth.diffusion.pretrain.init_from_public`)."""
+    class rows start when the public classes differ (:func:`~dpsynth.diffusion.pretrain.init_from_public`): the
+    null row (shared), public class rows far apart (spread) or, for PrivImage, matched by its semantic
+    histogram. Defaults: DPImageBench's DPDM."""
 
-    block_channels: tuple[int, ...] = positive()
-    layers_per_block: int = positive()
-    attention: bool
-    norm_groups: int = positive()
-    init_from: str | None
-    class_start: str = one_of(*CLASS_STARTS)
+    block_channels: tuple[int, ...] = positive(default=(32, 64, 64))
+    layers_per_block: int = positive(default=2)
+    attention: bool = True
+    norm_groups: int = positive(default=8)
+    init_from: str | None = None
+    class_start: str = one_of(*CLASS_STARTS, default="spread")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,14 +35,14 @@ class DiffusionSettings:
     guidance), and how the release is sampled (sampler, steps, guidance weight and where on the trajectory it
     acts)."""
 
-    timesteps: int = positive()
-    beta_schedule: str
-    prediction: str = one_of(*PREDICTIONS)
-    label_dropout: float = at_least(0)
-    sampler: str = one_of(*SAMPLER_NAMES)
-    sample_steps: int = positive()
-    guidance: float = at_least(0)
-    guidance_interval: tuple[float, ...]
+    timesteps: int = positive(default=1000)
+    beta_schedule: str = "linear"
+    prediction: str = one_of(*PREDICTIONS, default="v")
+    label_dropout: float = at_least(0, default=0.1)
+    sampler: str = one_of(*SAMPLER_NAMES, default="dpm-solver++")
+    sample_steps: int = positive(default=25)
+    guidance: float = at_least(0, default=0.0)
+    guidance_interval: tuple[float, ...] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
         low, high = (self.guidance_interval + (-1.0, -1.0))[:2]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import EvaluationSection, section_settings
 from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import resolve_bf16
@@ -48,71 +49,29 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 DPIMAGEBENCH_TRAIN_IMAGES = 60000
 
 
-@dataclass(frozen=True)
-class EvaluationSettings:
-    """The ``evaluation`` config section, checked; a ``protocol`` other than ``dpsynth`` fixes the keys it names
-    (:data:`PROTOCOLS`), whatever the section says."""
-
-    enabled: bool
-    protocol: str
-    num_synthetic: int
-    num_real: int
-    real_split: str
-    fast_inception: bool | str
-    inception_batch_size: int
-    kid_subsets: int
-    kid_subset_size: int
-    pr_k: int
-    classifiers: tuple[str, ...]
-    classifier_epochs: int
-    soft_label_epochs: int | None
-    distillation_temperature: float | None
-    classifier_seeds: int
-    classifier_batch_size: int
-    classifier_lr: float
-    classifier_schedule: str
-    classifier_ema: float
-    classifier_augment: bool
-    selection_epsilon: float
-    nearest_neighbours: int
-    cache_dir: str | None
-    seed: int
+@dataclass(frozen=True, kw_only=True)
+class EvaluationSettings(EvaluationSection):
+    """The ``evaluation`` section (:class:`~dpsynth.config.EvaluationSection`, its keys and defaults) as the
+    evaluation runs it: a ``protocol`` other than ``dpsynth`` fixes the keys it names (:data:`PROTOCOLS`), whatever
+    the section says, and the rules that need the evaluation's tables are checked too."""
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> EvaluationSettings:
         """The ``evaluation`` section of a run's ``config``, checked."""
-        return cls.from_config(config["evaluation"])
+        return cls.from_config(config.get("evaluation") or {})
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> EvaluationSettings:
-        """The settings of an ``evaluation`` section; ConfigError naming a key it lacks or a value it cannot use."""
-        missing = [key for key in cls.__dataclass_fields__ if key not in section]
-        if missing:
-            raise ConfigError(f"evaluation.{missing[0]} is missing from the config")
-        values = {key: section[key] for key in cls.__dataclass_fields__}
-        if values["protocol"] not in PROTOCOLS:
-            raise ConfigError(f"evaluation.protocol must be one of {', '.join(PROTOCOLS)}, got {values['protocol']!r}")
-        values.update(PROTOCOLS[values["protocol"]])
-        values["classifiers"] = tuple(values["classifiers"])
-        settings = cls(**values)
+        """The settings of an ``evaluation`` section; ConfigError naming a key whose value it cannot use."""
+        protocol = section.get("protocol", "dpsynth")
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"evaluation.protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        settings = section_settings(cls, {"evaluation": {**section, **PROTOCOLS[protocol]}}, "evaluation")
         settings.check()
         return settings
 
     def check(self) -> None:
-        for key in ("num_synthetic", "num_real", "inception_batch_size", "kid_subsets", "kid_subset_size", "pr_k",
-                    "classifier_epochs", "classifier_seeds", "classifier_batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"evaluation.{key} must be a positive integer, got {getattr(self, key)}")
-        if self.soft_label_epochs is not None and not (isinstance(self.soft_label_epochs, int)
-                                                       and self.soft_label_epochs >= 1):
-            raise ConfigError("evaluation.soft_label_epochs must be a positive integer or null (classifier_epochs), "
-                              f"got {self.soft_label_epochs!r}")
-        if self.distillation_temperature is not None and not (
-                isinstance(self.distillation_temperature, (int, float)) and self.distillation_temperature > 0):
-            raise ConfigError("evaluation.distillation_temperature must be a positive number or null (the release's "
-                              f"soft-label temperature), got {self.distillation_temperature!r}")
-        if self.real_split not in ("train", "val", "test"):
-            raise ConfigError(f"evaluation.real_split must be train, val or test, got {self.real_split!r}")
+        """ConfigError naming the key that breaks a rule of the evaluation's own."""
         if self.classifiers and not self.selection_epsilon > 0:
             raise ConfigError(f"evaluation.selection_epsilon must be positive, got {self.selection_epsilon}")
         for name in self.classifiers:
@@ -120,11 +79,7 @@ class EvaluationSettings:
         if self.classifier_schedule not in SCHEDULES:
             raise ConfigError(f"evaluation.classifier_schedule must be one of {', '.join(SCHEDULES)}, "
                               f"got {self.classifier_schedule!r}")
-        if not isinstance(self.classifier_augment, bool):
-            raise ConfigError(f"evaluation.classifier_augment must be true or false, got {self.classifier_augment!r}")
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"evaluation.enabled must be true or false, got {self.enabled!r}")
-        if not 0 <= self.classifier_ema < 1:
+        if not self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
         resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")  # auto, true or false
 

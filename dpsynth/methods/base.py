@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..config import Config, SamplingSettings
+from ..config import Config, SamplingSettings, section_defaults
 from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..privacy import PlannedStage
@@ -58,20 +58,20 @@ CPU_PROTOCOL: dict[str, dict[str, Any]] = {"sampling": {"num_samples": 20000}, "
 class Method(ABC):
     """A DP image-synthesis method: its config sections, presets and privacy stages.
 
-    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (their config
-    sections with defaults) and ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when
-    ``generate`` returns soft labels, ``needs_public_model`` when it cannot run without ``model.init_from`` (the
-    bench then pre-trains one), ``shortcuts`` (command-line options for its keys), ``smoke`` (``--set`` pairs over
-    its ``cpu`` preset for a run of a few steps of every stage on sklearn's digits: ``dpsynth doctor`` and the tests
-    run it) and ``resume_settings`` (its keys a resumed run may change: how it computes, never what), and register
-    with :func:`register`. The derived preset (``auto``, :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from
-    what :meth:`throughput_probes` measures.
+    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (each config
+    section's frozen dataclass, whose fields carry its keys, defaults and rules) and ``presets`` (nested overrides
+    of any config key), ``releases_soft_labels`` when ``generate`` returns soft labels, ``needs_public_model`` when
+    it cannot run without ``model.init_from`` (the bench then pre-trains one), ``shortcuts`` (command-line options
+    for its keys), ``smoke`` (``--set`` pairs over its ``cpu`` preset for a run of a few steps of every stage on
+    sklearn's digits: ``dpsynth doctor`` and the tests run it) and ``resume_settings`` (its keys a resumed run may
+    change: how it computes, never what), and register with :func:`register`. The derived preset (``auto``,
+    :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     paper: ClassVar[Paper]
-    sections: ClassVar[dict[str, dict[str, Any]]]
+    sections: ClassVar[dict[str, type]]  # section -> the frozen dataclass whose fields are its keys and defaults
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)
     releases_soft_labels: ClassVar[bool] = False
@@ -88,6 +88,11 @@ class Method(ABC):
     def __init__(self, config: Config) -> None:
         self.config = config
         self.sampling = SamplingSettings.of(config)  # how generate() chunks and computes the release
+
+    @classmethod
+    def defaults(cls) -> Config:
+        """Its sections with their defaults, as a config (the fields of each section's dataclass)."""
+        return {name: section_defaults(kind) for name, kind in cls.sections.items()}
 
     @classmethod
     def fixed_preset(cls, name: str) -> dict[str, Any]:

@@ -42,11 +42,7 @@ class DPMERF(Method):
                   "Privacy-Preserving Data Generation",
                   "International Conference on Artificial Intelligence and Statistics (AISTATS)", 2021,
                   "https://arxiv.org/abs/2002.11603")
-    sections = {
-        "frequency": {"features": 10000, "bandwidth": 105.0, "seed": 0},
-        "generator": {"latent": 60, "width": 64, "epochs": 5, "iterations_per_epoch": 550, "batch_size": 100,
-                      "lr": 0.01, "lr_decay": 0.9},
-    }
+    sections = {"frequency": FrequencySettings, "generator": GeneratorSettings}
     presets = {
         # DPImageBench's DP-MERF (F-MNIST / MNIST): 10,000 features at bandwidth 105, 5 epochs of batch 100,
         # Adam 0.01 decayed by 0.9 per epoch; accounted with RDP as it reports.

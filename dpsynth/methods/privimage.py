@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..config import Config, positive, preset_with, section_settings
+from ..config import Config, one_of, positive, preset_with, section_settings
 from ..data import DatasetInfo, ImageSet, load_public
 from ..data.fingerprints import fingerprints
+from ..diffusion.settings import CLASS_STARTS, UNetSettings
 from ..errors import ConfigError
 from ..evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from ..models.classifiers import build_classifier
@@ -51,16 +52,32 @@ class SelectionSettings:
     its classes kept, how many top classes each private image counts for and the histogram's noise multiplier,
     and the public classifier's architecture and training."""
 
-    public: str
-    public_data_dir: str | None
-    public_num_images: int | None = positive()
-    ratio: float = positive()
-    top_k: int = positive()
-    noise_multiplier: float = positive()
-    classifier: str
-    classifier_epochs: int = positive()
-    classifier_batch_size: int = positive()
-    classifier_lr: float = positive()
+    public: str = "glyphs"
+    public_data_dir: str | None = None
+    public_num_images: int | None = positive(default=None)
+    ratio: float = positive(default=0.2)
+    top_k: int = positive(default=5)
+    noise_multiplier: float = positive(default=50.0)
+    classifier: str = "cnn"
+    classifier_epochs: int = positive(default=5)
+    classifier_batch_size: int = positive(default=128)
+    classifier_lr: float = positive(default=3e-3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchedUNetSettings(UNetSettings):
+    """DPDM's ``model`` section, its class rows starting at the public classes the histogram matched."""
+
+    class_start: str = one_of(*CLASS_STARTS, default="matched")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublicPretrainSettings(WarmupSettings):
+    """The ``public_pretrain`` section: a warm-up on the selected public images, at Adam 1e-3 without
+    augmentation."""
+
+    lr: float = positive(default=1e-3)
+    augment: bool = False
 
 
 @register
@@ -80,15 +97,8 @@ class PrivImage(DiffusionMethod):
                   "Semantic-Aware Pretraining", "USENIX Security Symposium", 2024,
                   "https://arxiv.org/abs/2311.12850")
     class_starts: ClassVar[tuple[str, ...]] = ("matched", "shared")
-    sections = {
-        **DPDM.sections,
-        "model": {**DPDM.sections["model"], "class_start": "matched"},
-        "selection": {"public": "glyphs", "public_data_dir": None, "public_num_images": None, "ratio": 0.2,
-                      "top_k": 5, "noise_multiplier": 50.0, "classifier": "cnn", "classifier_epochs": 5,
-                      "classifier_batch_size": 128, "classifier_lr": 3e-3},
-        "public_pretrain": {"iterations": 2000, "batch_size": 64, "lr": 1e-3, "augment": False, "augment_ops": 2,
-                            "augment_magnitude": 10, "checkpoint_every": 500},
-    }
+    sections = {**DPDM.sections, "model": MatchedUNetSettings, "selection": SelectionSettings,
+                "public_pretrain": PublicPretrainSettings}
     presets = {
         # DPImageBench (F-MNIST / MNIST): top 5 words, sigma 50, 1 % of ImageNet's 1,000 classes, then DPDM's
         # DP-SGD; its pre-training (25 epochs of batch 64) is public_pretrain.iterations here.
@@ -103,7 +113,7 @@ class PrivImage(DiffusionMethod):
         super().__init__(config)
         self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.selection_settings = section_settings(SelectionSettings, config, "selection")
-        self.pretrain_settings = section_settings(WarmupSettings, config, "public_pretrain")
+        self.pretrain_settings = section_settings(PublicPretrainSettings, config, "public_pretrain")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier)),

@@ -32,32 +32,9 @@ from .warmup import LossFn, WarmupSettings, diffusion_loss
 
 SAMPLING_PROBE_ROWS = 64  # images of the planner's timed sampling call (its cost per image-step is what it measures)
 
-# The sections of a DP diffusion model, with their defaults (DPImageBench's DPDM), and their cpu preset: about 30
+# The sections of a DP diffusion model (their defaults: DPImageBench's DPDM), and their cpu preset: about 30
 # minutes of DP-SGD on a 2-core CPU (see the README's preset table).
-SECTIONS: dict[str, dict[str, Any]] = {
-    # init_from: a model directory ``dpsynth pretrain --for METHOD`` wrote from PUBLIC data to start from;
-    # class_start: where the private class rows start when the public classes differ: shared (the null row),
-    # spread (public class rows far apart) or, for PrivImage, matched (by its semantic histogram).
-    "model": {"block_channels": [32, 64, 64], "layers_per_block": 2, "attention": True, "norm_groups": 8,
-              "init_from": None, "class_start": "spread"},
-    "diffusion": {"timesteps": 1000, "beta_schedule": "linear", "prediction": "v",
-                  "label_dropout": 0.1,
-                  "sampler": "dpm-solver++", "sample_steps": 25, "guidance": 0.0,
-                  "guidance_interval": [0.0, 1.0]},
-    "dpsgd": {
-        "batch_size": 4096,
-        "epochs": 150.0,
-        "noise_multiplicity": 32,
-        "clip": 1.0,
-        "lr": 3e-4,
-        "ema": 0.999,
-        # K = 32 rows each: 16 examples take ~8 GiB (28 x 28) / ~10 GiB (32 x 32) on a GPU (estimated), within
-        # a 24 GB card; on 80 GB, 64 (benchmarks/gpu_memory.py, README "GPUs").
-        "physical_batch_size": 16,
-        "checkpoint_every": 50,
-        "bf16": "auto",  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
-    },
-}
+SECTIONS: dict[str, type] = {"model": UNetSettings, "diffusion": DiffusionSettings, "dpsgd": DiffusionDpsgdSection}
 CPU_PRESET: dict[str, dict[str, Any]] = {
     "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
     "diffusion": {"sample_steps": 10},

@@ -21,17 +21,16 @@ from ..privacy.fourier_features import RandomFourierFeatures
 @dataclass(frozen=True, kw_only=True)
 class GeneratorSettings:
     """The ``generator`` section: the generator's latent size and width; Adam at ``lr``, multiplied by ``lr_decay``
-    after each of ``epochs`` epochs of ``iterations_per_epoch`` batches of ``batch_size``; ``images`` it makes
-    (FETA-Pro's auxiliary images)."""
+    after each of ``epochs`` epochs of ``iterations_per_epoch`` batches of ``batch_size`` (DPImageBench's
+    DP-MERF)."""
 
-    latent: int = positive()
-    width: int = positive()
-    epochs: int = positive()
-    iterations_per_epoch: int = positive()
-    batch_size: int = positive()
-    lr: float = positive()
-    lr_decay: float = positive()
-    images: int = positive(default=60000)
+    latent: int = positive(default=60)
+    width: int = positive(default=64)
+    epochs: int = positive(default=5)
+    iterations_per_epoch: int = positive(default=550)
+    batch_size: int = positive(default=100)
+    lr: float = positive(default=0.01)
+    lr_decay: float = positive(default=0.9)
 
     def build(self, info: DatasetInfo) -> ConditionalGenerator:
         """A generator of ``info``'s images and classes."""

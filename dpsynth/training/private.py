@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from ..config import Config, at_least, positive, section_settings
+from ..config import Config, at_least, not_a_key, positive, section_settings
 from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule, PlannedStage
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss, Groups
@@ -35,17 +35,19 @@ def dpsgd_schedule(section: str, batch_size: int, epochs: float, num_train: int)
 class DpsgdSection:
     """A DP-SGD config section (``dpsgd``; DP-SAD's ``teacher`` and ``student``): expected batch, epochs,
     clipping norm, Adam's learning rate, EMA decay, the chunk of examples per pass, how often to checkpoint and
-    bf16 autocast (true, false or auto)."""
+    bf16 autocast (true, false or auto). Defaults: DPImageBench's DPDM."""
 
-    section: str = "dpsgd"  # the section's name, for messages
-    batch_size: int = positive()
-    epochs: float = positive()
-    clip: float = positive()
-    lr: float = positive()
-    ema: float = at_least(0)
-    physical_batch_size: int = positive()
-    checkpoint_every: int = positive()
-    bf16: bool | str
+    section: str = not_a_key("dpsgd")  # the section's name, for messages
+    batch_size: int = positive(default=4096)
+    epochs: float = positive(default=150.0)
+    clip: float = positive(default=1.0)
+    lr: float = positive(default=3e-4)
+    ema: float = at_least(0, default=0.999)
+    # K = 32 rows each: 16 examples take ~8 GiB (28 x 28) / ~10 GiB (32 x 32) on a GPU (estimated), within a 24 GB
+    # card; on 80 GB, 64 (benchmarks/gpu_memory.py, README "GPUs").
+    physical_batch_size: int = positive(default=16)
+    checkpoint_every: int = positive(default=50)
+    bf16: bool | str = "auto"  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
 
     @classmethod
     def of(cls: type[D], config: Config, section: str) -> D:
@@ -68,7 +70,7 @@ class DiffusionDpsgdSection(DpsgdSection):
     """The DP-SGD section of a diffusion model's denoising loss: with the noise multiplicity K, the draws of the
     time t (and noise) each example's loss averages over before its gradient is clipped."""
 
-    noise_multiplicity: int = positive()
+    noise_multiplicity: int = positive(default=32)
 
 
 @dataclass(kw_only=True)

@@ -25,15 +25,15 @@ AUGMENTATIONS = [subpolicy for subpolicy in default_policy if subpolicy[0][0] !=
 class WarmupSettings:
     """A warm-up section: ``iterations`` Adam steps at ``lr`` on batches of ``batch_size``, RandAugmented
     (``augment_ops`` operations of ``augment_magnitude``) when ``augment``, checkpointed every
-    ``checkpoint_every``."""
+    ``checkpoint_every``. Defaults: DP-FETA's warm-up on its central images."""
 
-    iterations: int = positive()
-    batch_size: int = positive()
-    lr: float = positive()
-    checkpoint_every: int = positive()
-    augment: bool
-    augment_ops: int = positive()
-    augment_magnitude: int = positive()
+    iterations: int = positive(default=2000)
+    batch_size: int = positive(default=64)
+    lr: float = positive(default=1e-4)
+    checkpoint_every: int = positive(default=500)
+    augment: bool = True
+    augment_ops: int = positive(default=2)
+    augment_magnitude: int = positive(default=10)
 
 
 def augmented(augment: RandAugment, images: torch.Tensor) -> torch.Tensor:

@@ -37,15 +37,15 @@ class CentralSettings:
     batch of expected ``batch_size``; see :class:`~dpsynth.privacy.central_images.CentralQuery` for the rest. A
     noise multiplier of None is the method's default for the run's epsilon (FETA-Pro)."""
 
-    kind: str = one_of(*KINDS)
-    count: int = at_least(0)
-    batch_size: int = positive()
-    noise_multiplier: float | None = positive()
-    clip: float = positive()
-    bins: int = at_least(2)
-    count_noise: float = positive()
-    downsample: int = positive()
-    denoise: bool
+    kind: str = one_of(*KINDS, default="mean")
+    count: int = at_least(0, default=5)
+    batch_size: int = positive(default=6000)
+    noise_multiplier: float | None = positive(default=5.0)
+    clip: float = positive(default=28.0)
+    bins: int = at_least(2, default=2)
+    count_noise: float = positive(default=100.0)
+    downsample: int = positive(default=2)
+    denoise: bool = True
 
     def query(self, num_train: int, noise: float) -> CentralQuery:
         return CentralQuery(self.kind, self.count, self.batch_size / num_train, noise, self.clip, self.bins,
@@ -81,13 +81,7 @@ class DPFETA(DiffusionMethod):
     paper = Paper("Kecen Li, Chen Gong, Xiaochen Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
                   "From Easy to Hard: Building a Shortcut for Differentially Private Image Synthesis",
                   "IEEE Symposium on Security and Privacy (S&P)", 2025, "https://arxiv.org/abs/2504.01395")
-    sections = {
-        **DPDM.sections,
-        "central": {"kind": "mean", "count": 5, "batch_size": 6000, "noise_multiplier": 5.0, "clip": 28.0,
-                    "bins": 2, "count_noise": 100.0, "downsample": 2, "denoise": True},
-        "warmup": {"iterations": 2000, "batch_size": 64, "lr": 1e-4, "augment": True, "augment_ops": 2,
-                   "augment_magnitude": 10, "checkpoint_every": 500},
-    }
+    sections = {**DPDM.sections, "central": CentralSettings, "warmup": WarmupSettings}
     presets = {
         # Tables VII-VIII for MNIST / F-MNIST; DP-SGD as DPDM's paper preset.
         "paper": DPDM.presets["paper"],

@@ -46,16 +46,16 @@ class TeacherSettings:
     """The ``teacher`` section: the GroupNorm ResNet (blocks and widths per stage, groups) and its DP-SGD (SGD
     with momentum; expected batch, epochs, clipping norm, examples per pass, checkpoint interval)."""
 
-    blocks: tuple[int, ...] = positive()
-    widths: tuple[int, ...] = positive()
-    groups: int = positive()
-    batch_size: int = positive()
-    epochs: float = positive()
-    lr: float = positive()
-    momentum: float = at_least(0)
-    clip: float = positive()
-    physical_batch_size: int = positive()
-    checkpoint_every: int = positive()
+    blocks: tuple[int, ...] = positive(default=(2, 2, 2, 2))
+    widths: tuple[int, ...] = positive(default=(64, 128, 256, 512))
+    groups: int = positive(default=32)
+    batch_size: int = positive(default=128)
+    epochs: float = positive(default=20.0)
+    lr: float = positive(default=0.01)
+    momentum: float = at_least(0, default=0.9)
+    clip: float = positive(default=1.2)
+    physical_batch_size: int = positive(default=64)
+    checkpoint_every: int = positive(default=50)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,9 +63,9 @@ class StatisticsSettings:
     """The ``statistics`` section: the noise multiplier, the clipping norm of the scaled moments (a number, or
     ``auto``: from the starting images) and the batch size they are computed in."""
 
-    noise_multiplier: float = positive()
-    clip: float | str
-    batch_size: int = positive()
+    noise_multiplier: float = positive(default=30.0)
+    clip: float | str = "auto"
+    batch_size: int = positive(default=256)
 
     def __post_init__(self) -> None:
         if isinstance(self.clip, str) and self.clip != "auto" or not isinstance(self.clip, str) and self.clip <= 0:
@@ -90,19 +90,7 @@ class DPImgSyn(Method):
                   "DP-ImgSyn: Dataset Alignment for Obfuscated, Differentially Private Image Synthesis",
                   "Transactions on Machine Learning Research (TMLR)", 2024,
                   "https://openreview.net/forum?id=KleJZ9ZzYw")
-    sections = {
-        "teacher": {"blocks": [2, 2, 2, 2], "widths": [64, 128, 256, 512], "groups": 32, "batch_size": 128,
-                    "epochs": 20.0, "lr": 0.01, "momentum": 0.9, "clip": 1.2, "physical_batch_size": 64,
-                    "checkpoint_every": 50},
-        "statistics": {"noise_multiplier": 30.0, "clip": "auto", "batch_size": 256},
-        # Natural-image starts (the paper's best public sets are natural images) and alpha_f in the scaled units
-        # of statistics.py: 1000 balances the feature term against the cross-entropy as Table 7's 10 does in
-        # BatchNorm units (one epsilon = 10 teacher, one CNN x 3 seeds: mnist-5k at alpha_f 10 / 1000 27 / 41 %,
-        # photo-patches 50 / 55 %).
-        "alignment": {"public": "photo-patches", "public_data_dir": None, "init": "public", "iterations": 10,
-                      "lr": 0.1, "betas": [0.5, 0.99], "batch_size": 80, "alpha_feature": 1000.0, "alpha_class": 1.0,
-                      "alpha_tv": 2.5e-5, "alpha_l2": 3e-8, "temperature": 100.0},
-    }
+    sections = {"teacher": TeacherSettings, "statistics": StatisticsSettings, "alignment": AlignmentSettings}
     presets = {
         # App. A.1 for Fashion-MNIST at epsilon = 10 (Table 5, 7): ResNet-18 with GroupNorm, 20 epochs of
         # batch 128, lr 0.01, C = 1.2; k = 10 alignment iterations, T = 100; as many images as private ones.

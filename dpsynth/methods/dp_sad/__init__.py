@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...config import Config, at_least, one_of, positive, preset_with, section_settings
+from ...config import Config, at_least, not_a_key, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...training.context import RunContext, weights
@@ -54,20 +54,31 @@ TEACHER_STAGE, STUDENT_STAGE = "teacher", "student"
 
 @dataclass(frozen=True, kw_only=True)
 class TeacherSection(DiffusionDpsgdSection):
-    """The ``teacher`` section: DPDM's DP-SGD settings, how the teacher is trained and its guidance w (Eq. 5)."""
+    """The ``teacher`` section: DP-SGD on the denoising loss (DPDM's defaults, K = 32 draws of t per example), how
+    the teacher is trained and its guidance w (Eq. 5)."""
 
-    training: str = one_of(*TRAINING)
-    guidance: float = at_least(0)
+    section: str = not_a_key("teacher")
+    training: str = one_of(*TRAINING, default="dp")
+    guidance: float = at_least(0, default=1.8)
 
 
 @dataclass(frozen=True, kw_only=True)
 class StudentSection(DpsgdSection):
     """The ``student`` section: DP-SGD settings, the clipping norm at the output, the adversarial term's weight
-    and how the student starts."""
+    and how the student starts.
 
-    output_clip: float = positive()
-    adversarial_weight: float = at_least(0)
-    init: str = one_of(*INITS)
+    Clipping norms in the units of x_{t-1} (output) and of its parameter gradient: measured on Fashion-MNIST (cpu
+    model), the MSE terms' output gradients have norm 1e-4 to 2e-4; the parameter gradients have mean norm 0.8e-4
+    to 1.8e-4 with the adversarial term (lambda = 1), 3e-5 without it."""
+
+    section: str = not_a_key("student")
+    epochs: float = positive(default=50.0)
+    clip: float = positive(default=1e-4)
+    output_clip: float = positive(default=1e-3)
+    adversarial_weight: float = at_least(0, default=1.0)
+    lr: float = positive(default=1e-4)
+    init: str = one_of(*INITS, default="teacher")
+    physical_batch_size: int = positive(default=64)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,11 +86,11 @@ class DiscriminatorSettings:
     """The ``discriminator`` section: width, Adam's learning rate, batch size, and the pool of teacher samples
     (size, sampling steps) it learns from."""
 
-    width: int = positive()
-    lr: float = positive()
-    batch_size: int = positive()
-    pool: int = positive()
-    pool_steps: int = positive()
+    width: int = positive(default=32)
+    lr: float = positive(default=1e-4)
+    batch_size: int = positive(default=128)
+    pool: int = positive(default=2000)
+    pool_steps: int = positive(default=50)
 
 
 @register
@@ -96,22 +107,8 @@ class DPSAD(DiffusionMethod):
     paper = Paper("Bochao Liu, Pengju Wang, Shiming Ge",
                   "Learning Differentially Private Diffusion Models via Stochastic Adversarial Distillation",
                   "European Conference on Computer Vision (ECCV)", 2024, "https://arxiv.org/abs/2408.14738")
-    sections = {
-        "model": SECTIONS["model"],
-        "diffusion": SECTIONS["diffusion"],
-        # The teacher: DP-SGD on the denoising loss (DPDM's defaults, K = 32 draws of t per example), how it is
-        # trained and its guidance w (Eq. 5).
-        "teacher": {"batch_size": 4096, "epochs": 150.0, "noise_multiplicity": 32, "clip": 1.0, "lr": 3e-4,
-                    "ema": 0.999, "physical_batch_size": 16, "checkpoint_every": 50, "bf16": "auto", "training": "dp",
-                    "guidance": 1.8},
-        # Clipping norms in the units of x_{t-1} (output) and of its parameter gradient: measured on
-        # Fashion-MNIST (cpu model), the MSE terms' output gradients have norm 1e-4 to 2e-4; the parameter
-        # gradients have mean norm 0.8e-4 to 1.8e-4 with the adversarial term (lambda = 1), 3e-5 without it.
-        "student": {"batch_size": 4096, "epochs": 50.0, "clip": 1e-4, "output_clip": 1e-3, "adversarial_weight": 1.0,
-                    "lr": 1e-4, "ema": 0.999, "init": "teacher", "physical_batch_size": 64, "checkpoint_every": 50,
-                    "bf16": "auto"},
-        "discriminator": {"width": 32, "lr": 1e-4, "batch_size": 128, "pool": 2000, "pool_steps": 50},
-    }
+    sections = {"model": SECTIONS["model"], "diffusion": SECTIONS["diffusion"], "teacher": TeacherSection,
+                "student": StudentSection, "discriminator": DiscriminatorSettings}
     presets = {
         # DPDM's paper preset for the teacher with 100 of its epochs, 50 student epochs; lambda = 1, w = 1.8,
         # learning rates 1e-4 as Sec. 5.1 (the paper's batch 128 and T = 500 have no DP-SGD meaning here).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...config import Config, PrivacySettings, choice_setting, positive, preset_with, section_settings
+from ...config import Config, PrivacySettings, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...privacy import PlannedStage
 from ...privacy.fourier_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
@@ -53,11 +53,45 @@ def auto_noise(section: str, epsilon: float) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FrequencyWarmupSettings(WarmupSettings):
-    """The ``frequency_warmup`` section: a warm-up, and the sampling steps of FETA-Pro-No-Auxiliary's
-    differentiable samples."""
+class NoisyCentralSettings(CentralSettings):
+    """DP-FETA's ``central`` section, its noise multiplier DPImageBench's for the run's epsilon by default."""
 
-    sample_steps: int = positive()
+    noise_multiplier: float | None = positive(default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoisyFrequencySettings(FrequencySettings):
+    """The ``frequency`` section: DP-MERF's features, the noise multipliers of their class sums (None: DPImageBench's
+    for the run's epsilon) and of the class sizes."""
+
+    noise_multiplier: float | None = positive(default=None)
+    count_noise: float = positive(default=100.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuxiliaryGeneratorSettings(GeneratorSettings):
+    """The ``generator`` section: DP-MERF's generator, and the auxiliary images it makes."""
+
+    images: int = positive(default=60000)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrequencyWarmupSettings(WarmupSettings):
+    """The ``frequency_warmup`` section: a warm-up on the auxiliary images, and the sampling steps of
+    FETA-Pro-No-Auxiliary's differentiable samples."""
+
+    iterations: int = positive(default=2344)
+    batch_size: int = positive(default=256)
+    lr: float = positive(default=3e-4)
+    augment: bool = False
+    sample_steps: int = positive(default=4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurriculumSettings:
+    """The ``curriculum`` section: the order of the warm-ups (the paper's RQ2 variants)."""
+
+    order: str = one_of(*ORDERS, default="spatial-frequency")
 
 
 @register
@@ -75,17 +109,9 @@ class FETAPro(DiffusionMethod):
     paper = Paper("Chen Gong, Kecen Li, Zinan Lin, Tianhao Wang",
                   "From Easy to Hard++: Promoting Differentially Private Image Synthesis Through Spatial-Frequency "
                   "Curriculum", "Preprint", 2026, "https://arxiv.org/abs/2601.06368")
-    sections = {
-        **DPFETA.sections,
-        "central": {**DPFETA.sections["central"], "noise_multiplier": None},
-        "frequency": {"features": 10000, "bandwidth": 105.0, "noise_multiplier": None, "count_noise": 100.0,
-                      "seed": 0},
-        "generator": {"latent": 60, "width": 64, "epochs": 5, "iterations_per_epoch": 550, "batch_size": 100,
-                      "lr": 0.01, "lr_decay": 0.9, "images": 60000},
-        "frequency_warmup": {"iterations": 2344, "batch_size": 256, "lr": 3e-4, "augment": False, "augment_ops": 2,
-                             "augment_magnitude": 10, "checkpoint_every": 500, "sample_steps": 4},
-        "curriculum": {"order": "spatial-frequency"},
-    }
+    sections = {**DPFETA.sections, "central": NoisyCentralSettings, "frequency": NoisyFrequencySettings,
+                "generator": AuxiliaryGeneratorSettings, "frequency_warmup": FrequencyWarmupSettings,
+                "curriculum": CurriculumSettings}
     presets = {
         # Table 9 (F-MNIST / MNIST): 50 central images, spatial warm-up 1000 x 50, frequency warm-up
         # 10 epochs of 60k generated images at batch 256; DP-SGD as DPDM's paper preset.
@@ -102,12 +128,12 @@ class FETAPro(DiffusionMethod):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
-        self.central_settings = section_settings(CentralSettings, config, "central")
+        self.central_settings = section_settings(NoisyCentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
-        self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
-        self.generator_settings = section_settings(GeneratorSettings, config, "generator")
+        self.frequency_settings = section_settings(NoisyFrequencySettings, config, "frequency")
+        self.generator_settings = section_settings(AuxiliaryGeneratorSettings, config, "generator")
         self.frequency_warmup_settings = section_settings(FrequencyWarmupSettings, config, "frequency_warmup")
-        self.order = choice_setting(config, "curriculum", "order", list(ORDERS))
+        self.order = section_settings(CurriculumSettings, config, "curriculum").order
 
     def _noise(self, section: str, value: float | None) -> float:
         """``value``, or for None DPImageBench's noise multiplier of ``section`` at the run's epsilon."""

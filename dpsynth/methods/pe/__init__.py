@@ -52,12 +52,12 @@ class ApiSettings:
     under ``font_dirs``; ``diffusion`` samples the diffusers ``model`` with ``steps`` DDIM steps, ``batch_size``
     images at a time)."""
 
-    name: str = one_of(*APIS)
-    characters: str
-    font_dirs: tuple[str, ...]
-    model: str | None
-    steps: int = positive()
-    batch_size: int = positive()
+    name: str = one_of(*APIS, default="drawtext")
+    characters: str = "0123456789"
+    font_dirs: tuple[str, ...] = ("/usr/share/fonts/truetype", "/usr/share/fonts/opentype")
+    model: str | None = None
+    steps: int = positive(default=100)
+    batch_size: int = positive(default=100)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,16 +68,16 @@ class EvolutionSettings:
     how the population splits over classes (``noisy`` class sizes, released with ``count_noise``, or
     ``balanced``) and the non-private debugging distance."""
 
-    iterations: int = positive()
-    population: int = positive()
-    lookahead: int = at_least(0)
-    noise_multiplier: float | None = positive()
-    threshold: float | None = at_least(0)
-    degrees: tuple[float, ...] = positive()
-    embedding: str = one_of(*EMBEDDINGS)
-    class_counts: str = one_of("noisy", "balanced")
-    count_noise: float = positive()
-    debug_nonprivate_fd: bool
+    iterations: int = positive(default=20)
+    population: int = positive(default=50000)
+    lookahead: int = at_least(0, default=8)
+    noise_multiplier: float | None = positive(default=None)
+    threshold: float | None = at_least(0, default=None)
+    degrees: tuple[float, ...] = positive(default=(0.98, 0.6))
+    embedding: str = one_of(*EMBEDDINGS, default="inception")
+    class_counts: str = one_of("noisy", "balanced", default="noisy")
+    count_noise: float = positive(default=100.0)
+    debug_nonprivate_fd: bool = False
 
     def __post_init__(self) -> None:
         if len(self.schedule()) != self.iterations or not all(0 < d <= 1 for d in self.degrees):
@@ -106,14 +106,7 @@ class PrivateEvolution(Method):
                   "Differentially Private Synthetic Data via Foundation Model APIs 1: Images",
                   "International Conference on Learning Representations (ICLR)", 2024,
                   "https://arxiv.org/abs/2305.15560")
-    sections = {
-        "api": {"name": "drawtext", "characters": "0123456789", "font_dirs": ["/usr/share/fonts/truetype",
-                                                                            "/usr/share/fonts/opentype"],
-                "model": None, "steps": 100, "batch_size": 100},
-        "pe": {"iterations": 20, "population": 50000, "lookahead": 8, "noise_multiplier": None, "threshold": None,
-               "degrees": [0.98, 0.6], "embedding": "inception", "class_counts": "noisy", "count_noise": 100.0,
-               "debug_nonprivate_fd": False},
-    }
+    sections = {"api": ApiSettings, "pe": EvolutionSettings}
     presets = {
         # The paper's CIFAR-10 settings (App. J): T = 20, k = 8, N_syn = 50k, 100 DDIM steps, SDEdit from
         # 98 % down to 60 % of the schedule, Inception embedding; sigma calibrated to the budget.
