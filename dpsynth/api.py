@@ -121,14 +121,16 @@ def check_stored_config(config: Config, source: str) -> None:
 def dataset_from_config(config: Config) -> Dataset:
     """Load and split the dataset that ``config['dataset']`` describes, at the shape a run drew for it
     (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
-    settings, drawn = DatasetSettings.of(config), PrivacySettings.of(config).noisy_shape
-    resolution, channels = settings.resolution, settings.channels
+    settings, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
+    resolution, channels, drawn = settings.resolution, settings.channels, privacy.noisy_shape
     if drawn is not None:
         channels, resolution = drawn
+    window = settings.window if isinstance(settings.window, str) else (settings.window[0], settings.window[1])
+    shares = None if privacy.noisy_window is None else (privacy.noisy_window[0], privacy.noisy_window[1])
     dataset = load_dataset(
         settings.name, settings.data_dir, val_size=settings.val_size, test_size=settings.test_size,
         split_seed=settings.split_seed, resolution=resolution, channels=channels, num_classes=settings.num_classes,
-        num_images=settings.num_images,
+        num_images=settings.num_images, window=window, window_shares=shares, cache_dir=settings.cache_dir,
     )
     if drawn is not None:
         decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE_STAGE})"
@@ -145,19 +147,19 @@ def draws_noisy_shape(config: Config) -> bool:
 
 def with_noisy_shape(config: Config) -> Config:
     """``config`` with the shape its run reads the dataset at, where a DP vote decides it and none was drawn yet:
-    the images' votes (:class:`~dpsynth.data.sources.ShapeVotes`) plus Gaussian noise, SHAPE_NOISE times their L2
-    sensitivity (1 for one setting left auto, sqrt 2 for both), from a stream of its own, decided as the exact
-    votes would be and written to ``privacy.noisy_shape`` as [channels, side] (the run records
-    :data:`SHAPE_STAGE`)."""
+    the images' votes (:class:`~dpsynth.data.folder.ShapeVotes`; with ``dataset.window`` auto, on the 16-bit window
+    too) plus Gaussian noise, SHAPE_NOISE times their L2 sensitivity (the square root of the number of vote
+    vectors), from a stream of its own, decided as the exact votes would be and written to ``privacy.noisy_shape``
+    as [channels, side] and ``privacy.noisy_window`` (the run records :data:`SHAPE_STAGE`)."""
     if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
         return config
     settings = DatasetSettings.of(config)
-    votes = dataset_shape_votes(settings.name, settings.data_dir, settings.resolution, settings.channels)
+    votes = dataset_shape_votes(settings.name, settings.data_dir, settings.resolution, settings.channels,
+                                vote_window=settings.window == "auto")
     assert votes is not None  # draws_noisy_shape: the source votes and a setting is auto
     noise = SecretStream(stream_key(RunSettings.of(config).seed, SHAPE_STAGE))
     std = SHAPE_NOISE * votes.sensitivity
-    noisy = replace(votes, by_side=votes.by_side + std * noise.normal(len(votes.by_side)).numpy(),
-                    by_colour=votes.by_colour + std * noise.normal(len(votes.by_colour)).numpy())
+    noisy = votes.noisy(lambda count: std * noise.normal(count).numpy())
     side, channels = noisy.decide()
     if noisy.total() < SHAPE_TRUSTED * SHAPE_NOISE:  # post-processing of the noisy votes, like the decision
         warnings.warn(f"{settings.name}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
@@ -165,6 +167,8 @@ def with_noisy_shape(config: Config) -> Config:
                       "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
     config = copy.deepcopy(config)
     config["privacy"]["noisy_shape"] = [channels, side]
+    window = noisy.window()
+    config["privacy"]["noisy_window"] = None if window is None else list(window)
     return config
 
 

@@ -60,7 +60,13 @@ def _data_info(args: argparse.Namespace) -> None:
     print(f"splits:   {sizes} (train and val are private; val is used only through DP selection)")
     if info.group_counts is not None:
         groups = ", ".join(f"{name} {count}" for name, count in info.group_counts.items())
-        print(f"groups:   {groups} (no group on two sides; the unit of privacy is one group)")
+        print(f"groups:   {groups} (no group on two sides)")
+    print(f"unit:     {info.unit_words()}")
+    if info.pixel_rule:
+        print(f"pixels:   {info.pixel_rule}")
+    if info.skipped:
+        shown = ", ".join(info.skipped[:3]) + (f" and {len(info.skipped) - 3} more" if len(info.skipped) > 3 else "")
+        print(f"skipped:  {len(info.skipped)} file(s) of no image format ({shown})")
     print(f"planning: {f'N = {info.num_train} {info.unit}s, ' if info.size_rule != 'private' else ''}"
           f"{SIZE_WORDS[info.size_rule]} (privacy.dataset_size)")
 
@@ -143,6 +149,7 @@ def _privacy(args: argparse.Namespace) -> None:
     else:
         derived = PlanSettings.of(config).decisions
         print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
+        print(f"unit of privacy: {dataset.info.unit_words()}")
 
 
 def _without_nproc(argv: Sequence[str]) -> list[str]:

@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-SCHEMA = 1  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+SCHEMA = 2  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
 
 
 S = TypeVar("S")
@@ -58,7 +58,10 @@ Auto = Literal["auto"]
 class DatasetSettings(Section):
     """The ``dataset`` section: which data set, where, its held-out sizes (None: the set's own) and the seed of
     their split; a folder's resolution and channels (auto: a DP vote of its images decides; generated sets, glyphs
-    and photo-patches, are 32 x 32 RGB), its classes and how many images to read."""
+    and photo-patches, are 32 x 32 RGB), its classes and how many images to read; how a folder's 16-bit and DICOM
+    values map to 8 bits (``window``: [low, high] in their units; auto: voted with the shape when the shape is
+    voted, else the full range; full: the full range of their type), where its decoded images are kept
+    (private: they are the images; null keeps none), and the title and description the holder gives the release."""
 
     section: ClassVar[str] = "dataset"
     name: str = "fashion-mnist"
@@ -70,6 +73,15 @@ class DatasetSettings(Section):
     channels: int | Auto = positive(default="auto")
     num_classes: int | None = positive(default=None)
     num_images: int | None = positive(default=None)
+    window: Literal["auto", "full"] | tuple[float, ...] = "auto"
+    cache_dir: str | None = "~/.cache/dpsynth/folders"
+    title: str | None = None  # free text the holder writes: heads the release's datasheet
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, tuple) and not (len(self.window) == 2 and self.window[0] < self.window[1]):
+            raise ConfigError(f"dataset.window must be auto, full or [low, high] with low below high (in the "
+                              f"images' values: raw 16-bit values, Hounsfield units), got {list(self.window)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,8 +89,9 @@ class PrivacySettings(Section):
     """The ``privacy`` section: the target epsilon and delta (None: from the training set's size), the accountant,
     the training set's size (auto: published, declared or a noisy count; noisy: a noisy count), and with groups
     (one person's images) the most of a group's images a DP-SGD step reads (the group's mean gradient is clipped,
-    so the bound holds for any number; this caps the work). ``noisy_dataset_size`` and ``noisy_shape`` ([channels,
-    side]) are written by a run, never by the user (:data:`RUN_WRITTEN`)."""
+    so the bound holds for any number; this caps the work). ``noisy_dataset_size``, ``noisy_shape`` ([channels,
+    side]) and ``noisy_window`` (shares of the full range) are written by a run, never by the user
+    (:data:`RUN_WRITTEN`)."""
 
     section: ClassVar[str] = "privacy"
     epsilon: float = 10.0  # positive or inf: the accountant checks it (dpsynth.privacy.accountant.check_epsilon)
@@ -87,6 +100,7 @@ class PrivacySettings(Section):
     dataset_size: int | Literal["auto", "noisy"] = positive(default="auto")
     noisy_dataset_size: int | None = None
     noisy_shape: tuple[int, ...] | None = None
+    noisy_window: tuple[float, ...] | None = None
     max_images_per_group: int = positive(default=16)
 
 
@@ -181,6 +195,8 @@ BASE_CONFIG: Config = {kind.section: section_defaults(kind) for kind in SHARED_S
 RUN_WRITTEN = {
     "privacy.noisy_dataset_size": "the noisy count of the training set's size; to publish the size without "
                                   "noise, declare it: privacy.dataset_size=N",
+    "privacy.noisy_window": "the 16-bit window a DP vote of a folder's images decided; to choose it without noise, "
+                            "declare it: dataset.window=[low, high]",
     "privacy.noisy_shape": "the shape a DP vote of a folder's images decided; to choose it without noise, declare "
                            "it: dataset.resolution=R and dataset.channels=C",
 }
@@ -328,22 +344,25 @@ SCHEMA_0_METHOD_KEYS = {"model.init_from": None, "model.class_start": "shared", 
 
 
 def migrate(config: Config, source: str) -> Config:
-    """``config`` as :data:`SCHEMA`: one without ``schema`` (schema 0) gets every shared key it lacks with its
-    default and :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the
-    fix for a schema this dpsynth does not know."""
+    """``config`` as :data:`SCHEMA`: an older one gets every shared key it lacks with its default (schema 1 lacks
+    ``dataset.window``, ``dataset.cache_dir``, ``dataset.title``, ``dataset.description`` and
+    ``privacy.noisy_window``: its 16-bit images were not read, so the
+    defaults keep its behaviour), and one without ``schema`` (schema 0) :data:`SCHEMA_0_METHOD_KEYS` in the method
+    sections it has; ConfigError naming ``source`` and the fix for a schema this dpsynth does not know."""
     version = config.get("schema", 0)
     if version == SCHEMA:
         return config
-    if version != 0:
+    if version not in (0, 1):
         raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
                           "read it with the dpsynth that wrote it, or upgrade dpsynth")
-    migrated: Config = {"schema": SCHEMA, **copy.deepcopy(config)}
+    migrated: Config = {"schema": SCHEMA, **{key: copy.deepcopy(value) for key, value in config.items()
+                                             if key != "schema"}}
     for key in flat_keys(BASE_CONFIG):
         section, leaf = key.split(".")
         migrated.setdefault(section, {}).setdefault(leaf, copy.deepcopy(get_value(BASE_CONFIG, key)))
     for key, value in SCHEMA_0_METHOD_KEYS.items():
         section, leaf = key.split(".")
-        if section in migrated:
+        if version == 0 and section in migrated:
             migrated[section].setdefault(leaf, copy.deepcopy(value))
     return migrated
 

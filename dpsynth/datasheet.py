@@ -2,11 +2,13 @@
 by the release step from the privacy report and the released labels, never by hand."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .api import SHAPE_STAGE
+from .config import DatasetSettings
 from .data import DatasetInfo
 from .methods.base import Method
 
@@ -15,15 +17,16 @@ SIZE_RULES = {"published": "the standard split's published size", "declared": "d
 
 
 def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
-              soft_labels: bool) -> str:
-    """The datasheet's Markdown: what the release is, its guarantee, what was public, images per class, and what
-    it is not."""
+              soft_labels: bool, dataset: DatasetSettings) -> str:
+    """The datasheet's Markdown: the holder's title and description, what the release is, its guarantee (in
+    numbers and in plain words), what was public, images per class, and what it is not."""
+    title = dataset.title or f"Synthetic images imitating `{info.name}`, made with {method.name}"
     return "\n".join([
-        f"# Synthetic images imitating `{info.name}`, made with {method.name}", "",
+        f"# {title}", "", *([dataset.description, ""] if dataset.description else []),
         "A differentially private synthetic release made by dpsynth. The files this folder's `privacy.json` lists "
         "by SHA-256, and `privacy.json` itself, are the release and may be shared; anything else put here is not.",
-        "", *_what(report, method, info, labels, soft_labels), "", *_guarantee(report), "", *_public(report, info),
-        "", *_per_class(info, labels), "", *_not(report), ""])
+        "", *_what(report, method, info, labels, soft_labels), "", *_guarantee(report), "", *_plainly(report, info),
+        "", *_public(report, info), "", *_per_class(info, labels, method), "", *_not(report), ""])
 
 
 def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
@@ -62,6 +65,35 @@ def _guarantee(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _plainly(report: dict[str, Any], info: DatasetInfo) -> list[str]:
+    """The guarantee in plain words: the odds bound for one unit, delta against 1 / N, the unit, and what DP does
+    not hide."""
+    if not report["dp_guarantee"]:
+        return []
+    epsilon, delta, size = report["epsilon"], report["delta"], report["dataset_size"]
+    unit = "person" if info.unit == "group" else "image"
+    lines = ["## In plain words", "",
+             f"- Take any one {unit} of the private data. Whatever anyone concludes from this release about whether "
+             f"that {unit} was in the data, their odds for it are at most e^ε = {math.exp(epsilon):.3g} times what "
+             "they would be had it been left out, whatever else they know; δ is the small probability with which "
+             "this bound may fail.",
+             f"- δ = {delta:.3g} is {delta * size:.2g} of 1/N = {1 / size:.3g} (N = {size:,} {unit}s): " + (
+                 "below 1/N, so δ does not cover releasing even one whole record." if delta * size < 1 else
+                 "NOT below 1/N: a mechanism could release a whole record with probability δ.")]
+    if info.unit == "image":
+        lines.append("- The unit is one image. A person with k images in the data is protected as k records: the "
+                     f"bound for them is up to e^(kε) (k = 5: {math.exp(5 * epsilon):.3g}) instead. Give the data "
+                     "groups (a sub-folder per person, or groups.csv) so that one person is the unit.")
+    lines.append("- What DP does not hide: facts about the population. The release is meant to show what the data "
+                 "shows as a whole (what the classes look like, how they differ); what holds of most people in it "
+                 "will show, whether or not any one of them took part.")
+    lines.append("- The run's evaluation (kept by the data holder, not part of this release) shows each synthetic "
+                 "image beside its nearest real training images: a check that helps spot copies of training "
+                 "images, not a proof of privacy. The proof is the (ε, δ) above; a release can pass that check and "
+                 "still leak, or look close to a real image and be private.")
+    return lines
+
+
 def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
     voted = SHAPE_STAGE in [stage["name"] for stage in report.get("stages", [])]
     lines = ["## Treated as public", "",
@@ -79,9 +111,10 @@ def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
     return lines
 
 
-def _per_class(info: DatasetInfo, labels: np.ndarray) -> list[str]:
+def _per_class(info: DatasetInfo, labels: np.ndarray, method: Method) -> list[str]:
     counts = np.bincount(labels, minlength=info.num_classes)
-    return ["## Images per class", "", "| class | images |", "| --- | --- |",
+    return ["## Images per class", "", f"Spread over the classes {method.class_balance()}.", "",
+            "| class | images |", "| --- | --- |",
             *(f"| {name} | {count:,} |" for name, count in zip(info.class_names, counts, strict=True))]
 
 

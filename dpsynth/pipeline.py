@@ -92,6 +92,7 @@ def start(config: Config) -> RunDirectory:
         print(f"run directory: {path}")
         if dataset.info.shape_decision:
             print(f"{dataset.info.name} read at {dataset.info.shape_decision}")
+        print(f"unit of privacy: {dataset.info.unit_words()}")
         if PlanSettings.of(config).decisions:
             print(format_derived_plan(config), flush=True)
     return execute(RunDirectory(path), dataset, budget, world)
@@ -268,7 +269,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
                      method.soft_label_temperature())
     run.write_datasheet(datasheet(report, method, dataset.info, generated.labels.cpu().numpy(),
-                                  generated.soft_labels is not None))
+                                  generated.soft_labels is not None, DatasetSettings.of(config)))
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)

@@ -18,6 +18,7 @@ import pytest
 from dpsynth.bench import BenchSpec, frontier, record
 from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
+from dpsynth.config import SCHEMA
 from dpsynth.errors import DpsynthError
 
 COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
@@ -79,8 +80,8 @@ def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path,
 
     config = pe / "config.yaml"  # a cell made before evaluation.distillation_temperature (and schema) existed
     text = config.read_text()
-    assert text.startswith("schema: 1\n") and "  distillation_temperature: null\n" in text
-    config.write_text(text.replace("schema: 1\n", "", 1).replace("  distillation_temperature: null\n", "", 1))
+    assert text.startswith(f"schema: {SCHEMA}\n") and "  distillation_temperature: null\n" in text
+    config.write_text(text.replace(f"schema: {SCHEMA}\n", "", 1).replace("  distillation_temperature: null\n", "", 1))
     monkeypatch.chdir(tmp_path)  # and the same bench named by a relative path (its cells record an absolute one)
     assert bench(tmp_path, ["dpdm", "pe"], "--out", "bench") == 0
 

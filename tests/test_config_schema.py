@@ -62,6 +62,18 @@ def test_a_file_written_before_the_schema_is_migrated_with_the_behaviour_of_its_
         check_stored_config(migrated, "config.yaml")
 
 
+def test_a_schema_1_file_reads_as_it_ran_its_16_bit_window_at_the_default():
+    config = resolve_config("dp-merf", dataset="folder", preset="cpu")
+    old = copy.deepcopy(config)
+    old["schema"] = 1
+    for section, key in (("dataset", "window"), ("dataset", "cache_dir"), ("dataset", "title"),
+                         ("dataset", "description"), ("privacy", "noisy_window")):
+        del old[section][key]
+    migrated = load_config(dump_config(old), "config.yaml")
+    check_stored_config(migrated, "config.yaml")
+    assert migrated == config and list(migrated)[0] == "schema"
+
+
 def test_a_newer_schema_is_refused_with_the_fix():
     text = dump_config({**resolve_config("pe", preset="cpu"), "schema": SCHEMA + 1})
     with pytest.raises(ConfigError, match=f"runs/x/config.yaml: schema {SCHEMA + 1}, but this dpsynth reads schema "
@@ -69,7 +81,7 @@ def test_a_newer_schema_is_refused_with_the_fix():
         load_config(text, "runs/x/config.yaml")
     config = resolve_config("pe", preset="cpu")
     del config["schema"]
-    with pytest.raises(ConfigError, match="schema must be 1 .*load_config read: it migrates older files.*got None"):
+    with pytest.raises(ConfigError, match=f"schema must be {SCHEMA} .*load_config read: it migrates older .*got None"):
         validate_config(config)  # a config made by hand for the Python API
 
 

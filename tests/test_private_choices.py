@@ -29,7 +29,8 @@ from dpsynth.api import (
 )
 from dpsynth.config import set_value
 from dpsynth.data import load_dataset
-from dpsynth.data.sources import FOLDER_SIDES, LoadOptions, ShapeVotes, folder_votes
+from dpsynth.data.folder import FOLDER_SIDES, ShapeVotes, folder_votes
+from dpsynth.data.sources import LoadOptions
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS
@@ -68,11 +69,11 @@ def test_one_image_moves_the_shape_votes_by_at_most_one_though_it_flips_the_exac
     write_folder(tmp_path / "more", [40, 70, 70])
     less, more = (folder_votes(LoadOptions(tmp_path / name)) for name in ("less", "more"))
     assert less.decide() == (32, 1) and more.decide() == (64, 1)  # the exact median: one image decides it
-    for votes in ("by_side", "by_colour"):
+    for votes in ("by_side", "by_colour", "by_low", "by_high"):
         assert np.linalg.norm(getattr(more, votes) - getattr(less, votes)) <= 1.0
-    assert less.by_side.shape == (len(FOLDER_SIDES),) and less.total() == 2 and less.sensitivity == np.sqrt(2)
+    assert less.by_side.shape == (len(FOLDER_SIDES),) and less.total() == 2 and less.sensitivity == 2.0
     declared = folder_votes(LoadOptions(tmp_path / "less", resolution=48))
-    assert declared.sides == (48,) and len(declared.by_side) == 0 and declared.sensitivity == 1.0
+    assert declared.sides == (48,) and len(declared.by_side) == 0 and declared.sensitivity == np.sqrt(3)
 
 
 def test_a_group_votes_once_however_many_images_it_holds(tmp_path):

@@ -5,6 +5,7 @@ validation split."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -135,10 +136,17 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
     ledger = PrivacyLedger.load(own.file("ledger.json"))
     assert ledger.stages()[SIZE_STAGE] == [GaussianMechanism(SIZE_NOISE)]
 
-    declared = tiny_run(tmp_path, "npz", own_npz, "privacy.dataset_size=1800")
+    declared = tiny_run(tmp_path, "npz", own_npz, "privacy.dataset_size=1800", "dataset.title=Digits of 2026",
+                        "dataset.description=Scanned by the clinic; for training triage models.")
     report = json.loads(declared.file("release/privacy.json").read_text())
     assert (report["dataset_size_rule"], report["dataset_size"]) == ("declared", 1800 - 180 - 180)
     assert SIZE_STAGE not in [stage["name"] for stage in report["stages"]]
+    sheet = declared.file("release/README.md").read_text()
+    assert sheet.startswith("# Digits of 2026\n\nScanned by the clinic; for training triage models.\n")
+    assert f"at most e^ε = {math.exp(report['epsilon']):.3g} times" in sheet
+    assert f"1/N = {1 / 1440:.3g} (N = 1,440 images): below 1/N" in sheet
+    assert "The unit is one image. A person with k images" in sheet and "facts about the population" in sheet
+    assert "the same number of images of every class (up to one)" in sheet and "not a proof of privacy" in sheet
 
 
 def test_a_plan_for_own_data_samples_at_the_public_rate_and_its_noisy_size_costs_dp_sgd_almost_nothing(own_npz):

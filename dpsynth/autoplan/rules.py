@@ -8,22 +8,26 @@ once the calibrated sigma is about 1 or more (at epsilon = 10 and 55,000 images 
 base preset's batch and a sample rate of :data:`MAX_SAMPLE_RATE`, then (where the base preset has one, on a GPU)
 on the noise multiplicity. Once batch and K reach the base preset's, the steps stop at the base preset's own
 steps at this N (at least :data:`STEP_TARGET`): more steps at the same epsilon raise sigma and, measured on
-Fashion-MNIST, lost accuracy, so the rest of the budget is left unspent. It never plans fewer than
-:data:`MIN_STEPS` steps for 500 images or more; a budget too short for them is exceeded, and the plan says by how
-much.
+Fashion-MNIST, lost accuracy, so the rest of the budget is left unspent.
 
-Release and evaluation get at most :data:`EVALUATION_SHARE` of the budget: the largest of :data:`RELEASE_SIZES`
-that fits, else the smallest.
+Training comes first. A plan never has fewer than :data:`MIN_STEPS` DP-SGD steps, whatever N (on a small set
+that is many epochs: at batch 16 of 240 people, 13 epochs), of at least :data:`MIN_BATCH` units: the training
+floor. Release and evaluation get at most :data:`EVALUATION_SHARE` of the budget and never the floor's time: the
+largest of :data:`RELEASE_SIZES` whose evaluation fits, else the smallest with the evaluation cut
+(:data:`EVALUATION_CUTS`: one classifier seed, then 1,000 Inception images a side, then no evaluation), then
+smaller releases (:data:`SMALL_RELEASES`) without one. When even the smallest release without evaluation leaves
+no room for the floor, the plan is refused with the smallest budget that holds both.
 """
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config, SamplingSettings
+from ..config import Config, SamplingSettings, merge
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
 from .probe import StepCost, Throughput
@@ -36,6 +40,14 @@ MAX_SAMPLE_RATE = 0.25
 MIN_BATCH = 16
 EVALUATION_SHARE = 0.4
 RELEASE_SIZES = (20_000, 10_000, 5_000)
+SMALL_RELEASES = (2_000, 1_000)  # without evaluation, where even 5,000 images with a cut evaluation do not fit
+# What a plan short of time cuts from the evaluation, in turn (each on top of the ones before; a key the user set
+# stays as set).
+EVALUATION_CUTS: tuple[dict[str, Any], ...] = (
+    {"evaluation.classifier_seeds": 1},
+    {"evaluation.num_synthetic": 1000, "evaluation.num_real": 1000},
+    {"evaluation.enabled": False},
+)
 STARTUP_SECONDS = 20.0  # imports, loading the data, checkpoints and the release's files
 EVALUATION_FIXED_SECONDS = 20.0  # FID, FID-infinity, KID, precision / recall and the pictures, past the features
 # Compiling the fp32 CPU sampler (dpsynth.hardware.resolve_compile): 0.51x the eager time after ~40 s.
@@ -128,8 +140,8 @@ def size_dpsgd(seconds: float, cost: StepCost, num_train: int, batch_cap: int, m
 
 
 def _with_floor(steps: int, num_train: int) -> int:
-    """``steps`` within [:data:`MIN_STEPS` (from :data:`MIN_STEPS_FROM` images on), :data:`MAX_STEPS`]."""
-    return min(max(steps, MIN_STEPS if num_train >= MIN_STEPS_FROM else 1), MAX_STEPS)
+    """``steps`` within [:data:`MIN_STEPS`, :data:`MAX_STEPS`] (``num_train`` does not lower the floor)."""
+    return min(max(steps, MIN_STEPS), MAX_STEPS)
 
 
 def dpsgd_steps(config: Config, section: str, num_train: int) -> int:
@@ -213,19 +225,8 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
            compiled: bool, kept: Sequence[str] = ()) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Overrides of ``config`` (its base preset's values) that fit ``budget`` seconds, and why, in words; the
     ``kept`` keys (the user's) keep their values and the rest is sized around them."""
-    overrides: dict[str, dict[str, Any]] = {}
-    decisions: list[str] = []
-    trial = {**config, "sampling": dict(config["sampling"])}
-    for size in RELEASE_SIZES if "sampling.num_samples" not in kept else [SamplingSettings.of(config).num_samples]:
-        trial["sampling"]["num_samples"] = size
-        after = sampling_seconds(trial, throughput, compiled) + evaluation_seconds(trial, inputs, throughput,
-                                                                                  method.soft_labels)
-        if after <= EVALUATION_SHARE * budget:
-            break
-    _set(overrides, "sampling.num_samples", size)
-    decisions.append(f"release {size:,} images: sampling and evaluation {after / 60:.1f} min "
-                     f"({'within' if after <= EVALUATION_SHARE * budget else 'over'} "
-                     f"{EVALUATION_SHARE:.0%} of the budget)")
+    floor = training_floor(config, method, inputs, throughput, kept)
+    overrides, after, decisions = fit_release(config, method, inputs, throughput, compiled, budget, floor, kept)
     if not method.dpsgd_sections:
         return overrides, decisions
     left = budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
@@ -261,6 +262,77 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
             decisions.append(f"{section}: the budget is too short for {MIN_STEPS} steps; this plan exceeds it by "
                              f"{(expected - seconds) / 60:.1f} min")
     return overrides, decisions
+
+
+def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+                   kept: Sequence[str] = ()) -> float:
+    """Seconds of the least training a plan releases: start-up, public training, and in each DP-SGD section
+    :data:`MIN_STEPS` steps of at least :data:`MIN_BATCH` units (the data's largest batch where that is smaller;
+    the user's batch where set), or the user's own steps where they set the epochs."""
+    seconds = STARTUP_SECONDS + public_seconds(config, method.public_sections, throughput)
+    least = max(1, min(MIN_BATCH, floor_power_of_two(inputs.num_train * MAX_SAMPLE_RATE)))
+    for section in method.dpsgd_sections:
+        values = config[section]
+        batch = values["batch_size"] if f"{section}.batch_size" in kept else least
+        steps = dpsgd_steps(config, section, inputs.num_train) if f"{section}.epochs" in kept else MIN_STEPS
+        seconds += steps * inputs.cost(throughput, section).seconds(batch * values.get("noise_multiplicity", 1))
+    return seconds
+
+
+def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, compiled: bool,
+                budget: float, floor: float, kept: Sequence[str]
+                ) -> tuple[dict[str, dict[str, Any]], float, list[str]]:
+    """The release size and evaluation (overrides), their seconds and the decisions in words, in the module
+    docstring's order; ConfigError with the smallest budget that holds the training floor and the smallest
+    release."""
+    room = min(EVALUATION_SHARE * budget, budget - floor)
+    options = _release_options(config, kept)
+    for option in options:
+        overrides, cut = option
+        trial = copy.deepcopy(config)
+        merge(trial, overrides, "the derived plan")
+        after = sampling_seconds(trial, throughput, compiled) + evaluation_seconds(trial, inputs, throughput,
+                                                                                  method.soft_labels)
+        if after <= room:
+            break
+    if after > budget - floor:
+        needed = math.ceil((floor + after) / 60)
+        raise ConfigError(f"plan.time_budget {budget / 60:g} min is too short on this machine: {MIN_STEPS} DP-SGD "
+                          f"steps (the least a plan releases) take {floor / 60:.1f} min with start-up, and the "
+                          f"smallest release without evaluation {after / 60:.1f} min; give --time-budget {needed}m "
+                          "or more (or a smaller dataset.resolution)")
+    size = SamplingSettings.of(trial).num_samples
+    decisions = [f"release {size:,} images: sampling and evaluation {after / 60:.1f} min "
+                 f"({'within' if after <= EVALUATION_SHARE * budget else 'over'} {EVALUATION_SHARE:.0%} of the "
+                 f"budget; the training floor, {MIN_STEPS} DP-SGD steps, takes {floor / 60:.1f} min)"]
+    if cut:
+        decisions.append(f"evaluation cut to fit the budget, training first: {cut}")
+    return overrides, after, decisions
+
+
+def _release_options(config: Config, kept: Sequence[str]) -> list[tuple[dict[str, dict[str, Any]], str]]:
+    """The releases and evaluations a plan tries, in turn, as (overrides, the cut in words); the user's keys stay
+    as set."""
+    sizes = RELEASE_SIZES if "sampling.num_samples" not in kept else (SamplingSettings.of(config).num_samples,)
+    options = [({"sampling": {"num_samples": size}}, "") for size in sizes]
+    cuts: dict[str, Any] = {}
+    for cut in EVALUATION_CUTS:
+        cuts.update({key: value for key, value in cut.items() if key not in kept})
+        options.append(({"sampling": {"num_samples": sizes[-1]}, "evaluation": _section_of(cuts)}, _words(cuts)))
+    if "sampling.num_samples" not in kept:
+        options += [({"sampling": {"num_samples": size}, "evaluation": _section_of(cuts)}, _words(cuts))
+                    for size in SMALL_RELEASES]
+    return options
+
+
+def _section_of(keys: dict[str, Any]) -> dict[str, Any]:
+    return {key.split(".", 1)[1]: value for key, value in keys.items()}
+
+
+def _words(keys: dict[str, Any]) -> str:
+    if keys.get("evaluation.enabled") is False:
+        return "no evaluation (evaluation.enabled=false): run `dpsynth evaluate RUN_DIR` later to evaluate it"
+    return ", ".join(f"{key}={value}" for key, value in keys.items())
 
 
 def unet_levels(block_channels: Sequence[int], side: int) -> list[int]:

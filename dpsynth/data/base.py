@@ -65,6 +65,9 @@ class RawDataset:
     test_labels: np.ndarray | None = None
     shape_decision: str | None = None  # how a loader chose the channels and size it read the images at
     groups: np.ndarray | None = None  # each image's group (int64 ids), where the data names them
+    group_source: str | None = None  # where the groups come from (a folder's groups.csv or person folders)
+    pixel_rule: str | None = None  # how a loader maps high-depth values to 8 bits
+    skipped: tuple[str, ...] = ()  # files a loader passed over (no image format's suffix)
 
 
 # How the training split's size used for planning became public (:attr:`DatasetInfo.size_rule`).
@@ -79,8 +82,10 @@ class DatasetInfo:
     that planning uses (sample rates, steps, delta, the divisors of noisy sums) and a release may show, and
     ``size_rule`` says how it became public (:data:`SIZE_RULES`); ``"private"`` while it has not (own data before a
     run draws a noisy count). ``official_test`` says whether the test split is the dataset's own test part.
-    ``shape_decision``: how the channels and size were chosen from the images, where the loader chose them.
-    With groups (``group_counts``), the unit of privacy is one group: N and every size rule count groups.
+    ``shape_decision``: how the channels and size were chosen from the images, where the loader chose them;
+    ``pixel_rule``: how high-depth values map to 8 bits; ``skipped``: files the loader passed over. With groups
+    (``group_counts``, from ``group_source``), the unit of privacy is one group: N and every size rule count
+    groups.
     """
 
     name: str
@@ -95,6 +100,9 @@ class DatasetInfo:
     official_test: bool = False
     shape_decision: str | None = None
     group_counts: dict[str, int] | None = None  # groups per split, where the data has groups (private, as sizes)
+    group_source: str | None = None
+    pixel_rule: str | None = None
+    skipped: tuple[str, ...] = ()
 
     @property
     def num_classes(self) -> int:
@@ -112,6 +120,14 @@ class DatasetInfo:
     @property
     def unit(self) -> str:
         return "group" if self.group_counts is not None else "image"
+
+    def unit_words(self) -> str:
+        """The unit of privacy in words; without groups, what that means for a person and how to add groups."""
+        if self.group_counts is not None:
+            return f"one group of images (a person; from {self.group_source or 'the data'})"
+        return ("one image. A person with k images in the data is protected as k records: their epsilon is up to "
+                "k times larger. If a person can have several images, give each person a sub-folder of their own "
+                "under the class folder (class/person/image), or name their images in groups.csv")
 
     @property
     def num_train(self) -> int:

@@ -12,17 +12,16 @@ import torch
 from ..errors import DataError
 from ..utils.images import convert_images
 from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
+from .folder import ShapeVotes, folder_votes, load_folder
+from .pixels import Window
 from .sources import (
     AUTO,
     FASHION_MNIST_DIR,
     PHOTO_PATCHES,
     LoadOptions,
-    ShapeVotes,
-    folder_votes,
     load_cifar10,
     load_digits,
     load_fashion_mnist,
-    load_folder,
     load_glyphs,
     load_mnist,
     load_mnist_5k,
@@ -136,7 +135,8 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
         if raw.groups is None else None
     info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes,
                        public_train=public_train, size_rule="private" if public_train is None else "published",
-                       official_test=official_test, shape_decision=raw.shape_decision, group_counts=groups)
+                       official_test=official_test, shape_decision=raw.shape_decision, group_counts=groups,
+                       group_source=raw.group_source, pixel_rule=raw.pixel_rule, skipped=raw.skipped)
     return Dataset(info, train, val, test)
 
 
@@ -172,13 +172,17 @@ def load_dataset(
     channels: int | str = "auto",
     num_classes: int | None = None,
     num_images: int | None = None,
+    window: str | Window = AUTO,
+    window_shares: Window | None = None,
+    cache_dir: str | None = None,
 ) -> Dataset:
     """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's;
     ``num_classes`` for an npz file without class names; ``num_images`` for a generated set; ``resolution`` and
-    ``channels`` of a folder or a generated set, ``auto`` as the source decides)."""
+    ``channels`` of a folder or a generated set, ``auto`` as the source decides; a folder's ``window`` for 16-bit
+    and DICOM images, with the shares a DP vote drew for ``auto``, and where its decoded images are cached)."""
     source = get_source(name)
     options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
-                          num_images)
+                          num_images, window, window_shares, cache_dir)
     raw = source.load(options)
     return split_dataset(name, raw, *held_out(name, val_size, test_size), split_seed, source.published_size)
 
@@ -190,13 +194,15 @@ def held_out(name: str, val_size: SplitSize | None, test_size: SplitSize | None)
 
 
 def dataset_shape_votes(name: str, data_dir: str | Path | None, resolution: int | str = AUTO,
-                        channels: int | str = AUTO) -> ShapeVotes | None:
-    """The exact votes of dataset ``name``'s images on its ``resolution`` and ``channels`` where the images choose
-    them (a folder with a setting left ``auto``, :class:`~dpsynth.data.sources.ShapeVotes`), else None."""
+                        channels: int | str = AUTO, vote_window: bool = True) -> ShapeVotes | None:
+    """The exact votes of dataset ``name``'s images on its ``resolution``, ``channels`` and with them, with
+    ``vote_window``, its 16-bit window where the images choose them (a folder with a setting left ``auto``,
+    :class:`~dpsynth.data.folder.ShapeVotes`), else None."""
     source = get_source(name)
     if source.shape_votes is None or AUTO not in (resolution, channels):
         return None
-    return source.shape_votes(LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels))
+    return source.shape_votes(LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels,
+                                          window=AUTO if vote_window else "full"))
 
 
 def load_public(name: str, data_dir: str | Path | None, like: DatasetInfo, num_images: int | None = None

@@ -1,12 +1,9 @@
 """Loaders that read each supported dataset format from disk into a RawDataset."""
 from __future__ import annotations
 
-import csv
 import importlib.util
 import io
-import math
 import pickle
-import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -18,6 +15,7 @@ from ..errors import DataError
 from .base import RawDataset, check_images_labels
 from .glyphs import DEFAULT_FONT_DIRS, GLYPH_CLASSES, GLYPHS_PER_CLASS, find_fonts, render_glyphs
 from .idx import find_idx_file, read_bytes, read_idx
+from .pixels import Window, WindowRule
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = [
@@ -27,14 +25,6 @@ FASHION_MNIST_CLASSES = [
 DIGIT_CLASSES = [str(d) for d in range(10)]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 AUTO, GENERATED_SIDE = "auto", 32
-# The resolutions a folder is read at when dataset.resolution is auto: the largest not above the images' median
-# short side (the smallest where they are smaller); above the last, set dataset.resolution yourself. With
-# dataset.channels auto, a folder is read in colour when at least COLOUR_SHARE of its images have colour (a
-# majority: the rule furthest from both an all-grey and an all-colour folder, so the least swayed by noise).
-FOLDER_SIDES = (28, 32, 64, 128)
-COLOUR_SHARE = 0.5
-GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +36,17 @@ class LoadOptions:
     channels: int | str = AUTO
     num_classes: int | None = None
     num_images: int | None = None
+    window: str | Window = AUTO  # auto, full or a declared [low, high] (dpsynth.data.pixels.WindowRule)
+    window_shares: Window | None = None  # the shares of the full range a DP vote decided for window auto
+    cache_dir: str | None = None  # where a folder's decoded images are kept (None: not kept)
+
+    def window_rule(self, voted: Window | None = None) -> WindowRule:
+        """How high-depth images map to 8 bits: the declared window; for ``auto`` the vote's shares (drawn, else
+        ``voted``), else the full range (``full``, or ``auto`` where no vote ran)."""
+        if isinstance(self.window, tuple):
+            return WindowRule(declared=self.window)
+        shares = self.window_shares or (voted if self.window == AUTO else None)
+        return WindowRule() if shares is None else WindowRule(shares=shares)
 
     def side(self) -> int:
         """The resolution of a generated set: as set, 32 for ``auto``."""
@@ -56,7 +57,7 @@ class LoadOptions:
         return 3 if self.channels == AUTO else int(self.channels)
 
 
-def _require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
+def require_dir(directory: Path | None, dataset: str, hint: str) -> Path:
     if directory is None:
         raise DataError(f"dataset {dataset!r} needs a directory: pass --data-dir DIR ({hint})")
     if not directory.is_dir():
@@ -89,14 +90,14 @@ def load_fashion_mnist(options: LoadOptions) -> RawDataset:
     """Fashion-MNIST from --data-dir or from the Debian package's directory."""
     hint = "install it with `apt-get install dataset-fashion-mnist` or give a directory of the four IDX files"
     directory = options.data_dir or FASHION_MNIST_DIR
-    _require_dir(directory, "fashion-mnist", hint)
+    require_dir(directory, "fashion-mnist", hint)
     return load_idx_dataset(directory, "fashion-mnist", FASHION_MNIST_CLASSES, hint)
 
 
 def load_mnist(options: LoadOptions) -> RawDataset:
     """MNIST from a directory of the four standard IDX files."""
     hint = "a directory holding train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz] and the t10k pair"
-    return load_idx_dataset(_require_dir(options.data_dir, "mnist", hint), "mnist", DIGIT_CLASSES, hint)
+    return load_idx_dataset(require_dir(options.data_dir, "mnist", hint), "mnist", DIGIT_CLASSES, hint)
 
 
 def mnist_5k_path() -> Path:
@@ -226,7 +227,7 @@ def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(options: LoadOptions) -> RawDataset:
     """CIFAR-10's python batches (data_batch_1..5, test_batch) from a directory or its parent."""
     hint = "the extracted cifar-10-python.tar.gz: data_batch_1 ... data_batch_5 and test_batch"
-    directory = _require_dir(options.data_dir, "cifar10", hint)
+    directory = require_dir(options.data_dir, "cifar10", hint)
     if not (directory / "data_batch_1").is_file() and (directory / "cifar-10-batches-py").is_dir():
         directory = directory / "cifar-10-batches-py"
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -238,170 +239,6 @@ def load_cifar10(options: LoadOptions) -> RawDataset:
     images = np.concatenate([b[0] for b in train])
     labels = np.concatenate([b[1] for b in train])
     return RawDataset(images, labels, CIFAR10_CLASSES, str(directory), test_images, test_labels)
-
-
-def _load_image(path: Path, resolution: int, channels: int) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as opened:
-            image = opened.convert("L" if channels == 1 else "RGB")
-        scale = resolution / min(image.size)
-        size = (max(resolution, round(image.width * scale)), max(resolution, round(image.height * scale)))
-        image = image.resize(size, Image.Resampling.BICUBIC)
-        left, top = (image.width - resolution) // 2, (image.height - resolution) // 2
-        array = np.asarray(image.crop((left, top, left + resolution, top + resolution)), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable image file ({exc})") from None
-    return array[None] if channels == 1 else array.transpose(2, 0, 1)
-
-
-FOLDER_HINT = "a directory with one sub-folder of images per class"
-
-
-def _folder_files(root: Path) -> tuple[list[Path], list[int], list[str]]:
-    """The image files of each class sub-folder of ``root``, their labels and the class names (the sub-folders'
-    names, in order). A class folder may be empty (the class is named by its folder, not by its images);
-    DataError when no folder holds an image."""
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not class_dirs:
-        raise DataError(f"{root}: no class sub-folders found ({FOLDER_HINT})")
-    files, labels = [], []
-    for label, class_dir in enumerate(class_dirs):
-        found = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not found:
-            warnings.warn(f"{class_dir}: class folder holds no image files; the class is kept (a folder names a "
-                          "class whether or not it holds images, so a neighbouring set has the same classes)",
-                          stacklevel=4)
-        files += found
-        labels += [label] * len(found)
-    if not files:
-        raise DataError(f"{root}: its class folders hold no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    return files, labels, [p.name for p in class_dirs]
-
-
-def _folder(options: LoadOptions) -> tuple[Path, list[Path], list[int], list[str], np.ndarray | None]:
-    """A class folder's root, its image files, their labels, the class names and the files' groups (if any);
-    DataError for settings a folder cannot take."""
-    root = _require_dir(options.data_dir, "folder", FOLDER_HINT)
-    if options.channels not in (1, 3, AUTO):
-        raise DataError(f"dataset 'folder': channels must be 1 (grayscale), 3 (RGB) or auto, got {options.channels}")
-    if options.resolution != AUTO and (not isinstance(options.resolution, int) or options.resolution < 1):
-        raise DataError(f"dataset 'folder': resolution must be a positive integer or auto, got {options.resolution}")
-    files, labels, class_names = _folder_files(root)
-    return root, files, labels, class_names, folder_groups(root, files)
-
-
-def load_folder(options: LoadOptions) -> RawDataset:
-    """One sub-folder per class of image files, resized and centre-cropped to a square resolution. A setting left
-    ``auto`` (resolution, channels) follows the exact vote of the images (:func:`folder_votes`), which is
-    private: a run decides it by a DP vote instead and passes the result in ``options``."""
-    root, files, labels, class_names, groups = _folder(options)
-    side, channels, decision = options.resolution, options.channels, None
-    if AUTO in (side, channels):
-        side, channels = shape_votes(files, groups, side, channels).decide()
-        decision = (f"{channels} x {side} x {side} by the exact vote of the images, private: a run decides it by a "
-                    "DP vote instead (stage dataset-shape); dataset.resolution and dataset.channels declare it")
-    images = np.stack([_load_image(path, int(side), int(channels)) for path in files])
-    return RawDataset(images, np.asarray(labels, dtype=np.int64), class_names, str(root), shape_decision=decision,
-                      groups=groups)
-
-
-def folder_votes(options: LoadOptions) -> ShapeVotes:
-    """The exact votes of a class folder's images on the settings of ``options`` left ``auto``
-    (:func:`shape_votes`): private, for a DP mechanism to release."""
-    _, files, _, _, groups = _folder(options)
-    return shape_votes(files, groups, options.resolution, options.channels)
-
-
-GROUPS_CSV = "groups.csv"
-
-
-def folder_groups(root: Path, files: list[Path]) -> np.ndarray | None:
-    """Each file's group from ``root/groups.csv`` (columns ``file`` and ``group``; files relative to ``root``, as
-    ``class/name.png``), or None without that file; DataError naming a file it does not list, or lists twice."""
-    path = root / GROUPS_CSV
-    if not path.exists():
-        return None
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or not {"file", "group"} <= set(reader.fieldnames):
-            raise DataError(f"{path}: expected a header with columns file,group (found {reader.fieldnames})")
-        listed: dict[str, str] = {}
-        for row in reader:
-            if row["file"] in listed:
-                raise DataError(f"{path}: {row['file']} is listed twice")
-            listed[row["file"]] = row["group"]
-    names = [file.relative_to(root).as_posix() for file in files]
-    unlisted = [name for name in names if name not in listed]
-    if unlisted:
-        raise DataError(f"{path}: no group for {len(unlisted)} image(s), e.g. {unlisted[0]}; every image needs one")
-    return _group_ids(np.array([listed[name] for name in names]), len(names), str(path))
-
-
-@dataclass(frozen=True)
-class ShapeVotes:
-    """A folder's images as votes on the settings left ``auto`` (a declared setting has one candidate and no votes):
-    ``by_side[s]`` is the weight of the images whose short side falls in the bin of ``sides[s]`` (at least that
-    side, below the next; the first bin takes every smaller one), ``by_colour`` the weight of grey and of coloured
-    images. Each image weighs 1 / its group's images, so one unit moves each vector by at most 1 in L2 norm and
-    both together by at most :attr:`sensitivity`."""
-
-    sides: tuple[int, ...]
-    channels: tuple[int, ...]
-    by_side: np.ndarray
-    by_colour: np.ndarray
-
-    @property
-    def sensitivity(self) -> float:
-        return math.sqrt((len(self.by_side) > 0) + (len(self.by_colour) > 0))
-
-    def decide(self) -> tuple[int, int]:
-        """(side, channels) from the votes, exact or noisy: the side whose bin holds the median vote, and colour
-        when at least :data:`COLOUR_SHARE` of the votes have it."""
-        side = self.sides[0]
-        if len(self.by_side):
-            median = int(np.searchsorted(np.cumsum(self.by_side), self.by_side.sum() / 2))
-            side = self.sides[min(median, len(self.sides) - 1)]
-        colour = len(self.by_colour) > 0 and self.by_colour[1] >= COLOUR_SHARE * self.by_colour.sum()
-        return side, self.channels[-1] if colour else self.channels[0]
-
-    def total(self) -> float:
-        """The votes' total weight (of whichever vector there is)."""
-        return float(self.by_side.sum() if len(self.by_side) else self.by_colour.sum())
-
-
-def shape_votes(files: list[Path], groups: np.ndarray | None, resolution: int | str, channels: int | str
-                ) -> ShapeVotes:
-    """The votes of ``files`` (their groups' ids, if any) on the settings left ``auto``: each file's short side
-    from its header, and its colour (any pixel whose red, green and blue differ) for ``channels`` auto."""
-    sides = FOLDER_SIDES if resolution == AUTO else (int(resolution),)
-    depths = (1, 3) if channels == AUTO else (int(channels),)
-    weights = np.ones(len(files)) if groups is None else 1.0 / np.bincount(groups)[groups]
-    by_side, by_colour = np.zeros(len(sides) if resolution == AUTO else 0), np.zeros(2 if channels == AUTO else 0)
-    for path, weight in zip(files, weights, strict=True):
-        short, coloured = _image_facts(path, channels == AUTO)
-        if len(by_side):
-            by_side[max(int(np.searchsorted(sides, short, "right")) - 1, 0)] += weight
-        if len(by_colour):
-            by_colour[int(coloured)] += weight
-    return ShapeVotes(sides, depths, by_side, by_colour)
-
-
-def _image_facts(path: Path, colour: bool) -> tuple[int, bool]:
-    """The short side of an image file (from its header) and, when ``colour`` is asked, whether it has colour:
-    never for a grey mode; else whether any pixel's red, green and blue differ."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as opened:
-            short = min(opened.size)
-            if not colour or opened.mode in GREY_MODES:
-                return short, False
-            pixels = np.asarray(opened.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable image file ({exc})") from None
-    return short, bool((pixels[..., :1] != pixels[..., 1:]).any())
 
 
 def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:
@@ -453,11 +290,11 @@ def load_npz(options: LoadOptions) -> RawDataset:
         raise DataError(f"{path}: 'class_names' names {len(class_names)} classes but dataset.num_classes is "
                         f"{options.num_classes}")
     check_images_labels(images, labels.astype(np.int64), len(class_names), str(path))
-    groups = _group_ids(arrays["groups"], len(labels), f"{path}: 'groups'") if "groups" in arrays else None
+    groups = group_ids(arrays["groups"], len(labels), f"{path}: 'groups'") if "groups" in arrays else None
     return RawDataset(images, labels.astype(np.int64), class_names, str(path), groups=groups)
 
 
-def _group_ids(groups: np.ndarray, count: int, where: str) -> np.ndarray:
+def group_ids(groups: np.ndarray, count: int, where: str) -> np.ndarray:
     """Dense int64 ids of a 1-D array of ``count`` group names (integers or strings); DataError naming ``where``."""
     if groups.ndim != 1 or len(groups) != count:
         raise DataError(f"{where} must give one group per image ({count}), found shape {groups.shape}")

@@ -119,6 +119,11 @@ class Method(ABC):
         """What the planner's probe times on random public tensors of ``shape`` (none by default)."""
         return Probes({})
 
+    def class_balance(self) -> str:
+        """How the release's labels are spread over the classes, in words for the datasheet."""
+        return ("the same number of images of every class (up to one): a public rule, so the release does not "
+                "show the private class sizes")
+
     def soft_label_temperature(self) -> float:
         """The temperature of the soft labels ``generate`` returns (when it returns any)."""
         return 1.0

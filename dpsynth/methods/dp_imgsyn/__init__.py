@@ -124,6 +124,10 @@ class DPImgSyn(Method):
         return [PlannedStage(TEACHER_STAGE, calibrated=schedule.event),
                 PlannedStage(STATISTICS_STAGE, GaussianMechanism(self.statistics_settings.noise_multiplier))]
 
+    def class_balance(self) -> str:
+        return ("images aligned to the same number of target labels per class; each released hard label is the DP "
+                "teacher's most likely class for its image (post-processing), so the counts per class may differ")
+
     def soft_label_temperature(self) -> float:
         return self.alignment_settings.temperature
 

@@ -124,6 +124,12 @@ class PrivateEvolution(Method):
         self.population: list[Samples] | None = None
         self.info: DatasetInfo | None = None
 
+    def class_balance(self) -> str:
+        if self.settings.class_counts == "balanced":
+            return super().class_balance()
+        return (f"in proportion to DP counts of the private classes (stage {COUNTS_STAGE}, Gaussian noise of std "
+                f"{self.settings.count_noise:g}): the release shows the class sizes only through that noise")
+
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         settings, stages = self.settings, []
         if settings.class_counts == "noisy":
