@@ -199,6 +199,7 @@ def test_folder_errors(tmp_path):
     (tmp_path / "birds" / "sole").mkdir()
     with pytest.raises(DataError, match="its class folders hold no image files"), pytest.warns(UserWarning):
         load_dataset("folder", tmp_path / "birds")
+    (tmp_path / "birds" / "sole").rmdir()
     (tmp_path / "birds" / "broken.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DataError, match="broken.png: unreadable image file"):
         load_dataset("folder", tmp_path)

@@ -30,6 +30,7 @@ from typing import Any
 from ..config import Config, SamplingSettings, merge
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
+from ..training.private import dpsgd_schedule
 from .probe import StepCost, Throughput
 
 AUTO_PRESET = "auto"
@@ -274,6 +275,7 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
     for section in method.dpsgd_sections:
         values = config[section]
         batch = values["batch_size"] if f"{section}.batch_size" in kept else least
+        dpsgd_schedule(section, batch, 1.0, inputs.num_train)  # ConfigError for a batch the data cannot hold
         steps = dpsgd_steps(config, section, inputs.num_train) if f"{section}.epochs" in kept else MIN_STEPS
         seconds += steps * inputs.cost(throughput, section).seconds(batch * values.get("noise_multiplicity", 1))
     return seconds
