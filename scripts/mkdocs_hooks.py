@@ -11,7 +11,8 @@ and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
 - ``plan-outcomes: FOLDER [FOLDER ...]``: what those measurements gave, side by side, without their times;
 - ``plan: FOLDER KEY``: one value of one plan measurement (dpsynth.bench.plans.quote);
 - ``steps: METHOD PRESET SECTION N``: the DP-SGD steps that preset plans for section SECTION on N training images;
-- ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it.
+- ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it;
+- ``loads: DIR``: the folder-loading records (``benchmarks/folder_load.py``) in ``benchmarks/results/DIR``.
 
 ``python scripts/mkdocs_hooks.py --write`` regenerates every pair in place; ``--check`` lists the files out of
 sync. As an MkDocs hook it fails the build on a page out of sync, a marker without its end, or a method of
@@ -20,6 +21,7 @@ sync. As an MkDocs hook it fails the build on a page out of sync, a marker witho
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -36,7 +38,7 @@ from dpsynth.methods import METHODS, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper"
+KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads"
 PAIR = re.compile(rf"(?<!`)<!-- (?P<kind>{KINDS}): (?P<args>[a-z0-9._/ -]+?) -->(?P<body>.*?)<!-- /(?P=kind) -->",
                   re.DOTALL)
 OPENING = re.compile(rf"(?<!`)<!-- (?:{KINDS}): ")
@@ -69,10 +71,28 @@ def generated(kind: str, args: list[str]) -> str:
         return plans.quote(RESULTS / args[0], args[1])
     if kind == "paper":
         return get_method(args[0]).paper.markdown()
+    if kind == "loads":
+        return folder_loads(RESULTS / args[0])
     if kind == "steps":
         method, preset, section, num_train = args
         return f"{dpsgd_steps(resolve_config(method, preset=preset), section, int(num_train)):,}"
     return plans.outcomes([RESULTS / folder for folder in args])
+
+
+def folder_loads(directory: Path) -> str:
+    """A row per load of each record of ``benchmarks/folder_load.py``: machine and date, the folder, the wall time
+    and its ratio to the run's first load, and the peak RSS as a multiple of the decoded uint8 array."""
+    rows = ["| machine, date | folder | load | wall time | peak RSS |", "| --- | --- | --- | --- | --- |"]
+    for line in (directory / "records.jsonl").read_text().splitlines():
+        run = json.loads(line)
+        first = next(iter(run["results"].values()))["seconds"]
+        for name, result in run["results"].items():
+            peak = max(result["rss"], result["worker_rss"])
+            rows.append(f"| {run['machine']}, {run['date']} | {run['images']:,} RGB JPEGs read at {run['side']} px "
+                        f"({result['array'] / 2**30:.2f} GiB) | {name} | {result['seconds']:.1f} s "
+                        f"({result['seconds'] / first:.2f}x) | {peak / 2**30:.2f} GiB, "
+                        f"{peak / result['array']:.2f}x the array |")
+    return "\n".join(rows)
 
 
 def synced(text: str, name: str) -> str:
