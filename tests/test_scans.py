@@ -154,6 +154,10 @@ def test_a_decoded_folder_is_cached_privately_and_read_back_as_a_memory_map(tmp_
     assert len(list(cache.iterdir())) == 2
     monkeypatch.setattr(folder_module, "PARALLEL_FROM", 4)  # worker processes decode alike
     assert np.array_equal(decoded_images(files, 28, 1, WindowRule(), None), first)
+    files[1].write_bytes(b"not a png any more")
+    with pytest.raises(DataError, match="scan-1.png: unreadable image file"):
+        decoded_images(files, 28, 1, WindowRule(), str(cache))
+    assert len(list(cache.iterdir())) == 2  # the failed decode left no partial file
 
 
 def test_a_window_is_declared_as_low_below_high():

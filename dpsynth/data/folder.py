@@ -300,9 +300,14 @@ def decoded_images(files: list[Path], side: int, channels: int, rule: WindowRule
         else 1
     chunks = [chunk for chunk in np.array_split(np.arange(len(files)), max(1, workers * 8)) if len(chunk)]
     jobs = [([files[i] for i in chunk], side, channels, rule) for chunk in chunks]
-    with ProcessPoolExecutor(workers) if workers > 1 else _InProcess() as pool:
-        for chunk, part in zip(chunks, pool.map(_decode_chunk, *zip(*jobs, strict=True)), strict=True):
-            images[chunk[0]:chunk[-1] + 1] = part  # each part copied as it comes, then dropped
+    try:
+        with ProcessPoolExecutor(workers) if workers > 1 else _InProcess() as pool:
+            for chunk, part in zip(chunks, pool.map(_decode_chunk, *zip(*jobs, strict=True)), strict=True):
+                images[chunk[0]:chunk[-1] + 1] = part  # each part copied as it comes, then dropped
+    except BaseException:
+        if partial is not None:
+            partial.unlink(missing_ok=True)  # no half-decoded private images left behind
+        raise
     if partial is None or cached is None:
         return images
     assert isinstance(images, np.memmap)
