@@ -18,7 +18,8 @@ from .config import Config, EvaluationSection, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
-COMPILE_IMAGE_STEPS = 50_000  # sampling work (images x steps) from which compiling the fp32 CPU sampler pays
+COMPILE_IMAGE_STEPS = 50_000  # sampling work (images x steps at 32 px) from which compiling the fp32 CPU sampler pays
+COMPILE_SIDE = 32  # the side COMPILE_IMAGE_STEPS counts at: a larger image is (side / 32)^2 of that work
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ def resolve_bf16(setting: Any, device: torch.device, key: str = "bf16") -> Choic
     return Choice(supported, f"auto: {why}")
 
 
-def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps: int,
+def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps: int, side: int = COMPILE_SIDE,
                     key: str = "sampling.compile") -> Choice:
     """``true`` / ``false`` as set; ``auto`` compiles the sampling model on a CPU that samples in fp32, for a
-    release of at least :data:`COMPILE_IMAGE_STEPS` images x steps.
+    release of at least :data:`COMPILE_IMAGE_STEPS` images x steps of ``side`` px, counted at
+    :data:`COMPILE_SIDE` px.
 
     Measured on the ``cpu`` UNet (:mod:`dpsynth.diffusion.inference`): compiled fp32 takes 0.51x the eager
     time on AVX2 after 35-40 s of compilation, which 50,000 image-steps (5,000 images, 10 steps) about repay;
@@ -65,7 +67,7 @@ def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps:
         return Choice(False, f"auto: not compiled on {device.type} (not measured there)")
     if bf16:
         return Choice(False, "auto: bf16 is native here, compiling would add 5 % for 35 s")
-    if image_steps < COMPILE_IMAGE_STEPS:
+    if image_steps * (side / COMPILE_SIDE) ** 2 < COMPILE_IMAGE_STEPS:
         return Choice(False, f"auto: {image_steps} image-steps would not repay the compilation")
     return Choice(True, "auto: fp32 on a CPU, where the compiled graph takes half the eager time")
 
@@ -75,7 +77,8 @@ def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
     choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
     if "sampling.bf16" in choices:
         choices["sampling.compile"] = resolve_compile(SamplingSettings.of(config).compile, device,
-                                                      choices["sampling.bf16"].value, _image_steps(config))
+                                                      choices["sampling.bf16"].value, _image_steps(config),
+                                                      _side(config))
     return {"device": str(device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": RunSettings.of(config).threads, "threads_at_start": torch.get_num_threads(),
             "choices": {key: {"value": choice.value, "why": choice.reason} for key, choice in choices.items()}}
@@ -84,6 +87,12 @@ def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
 def _image_steps(config: Config) -> int:
     """Images x denoising steps of a run's release (0 for a method that does not denoise)."""
     return SamplingSettings.of(config).num_samples * config.get("diffusion", {}).get("sample_steps", 0)
+
+
+def _side(config: Config) -> int:
+    """The release's side where the config states it (:data:`COMPILE_SIDE` for ``auto``)."""
+    resolution = config.get("dataset", {}).get("resolution")
+    return resolution if isinstance(resolution, int) else COMPILE_SIDE
 
 
 def _bf16_settings(config: Config) -> list[tuple[str, Any]]:

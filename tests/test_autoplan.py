@@ -11,7 +11,7 @@ from conftest import finished_run
 
 from dpsynth.api import dataset_from_config, planned_config, resolve_config
 from dpsynth.autoplan.memory import USABLE, probe_memory
-from dpsynth.autoplan.plan import check_preset_fits, deepened, method_shape, plan_inputs
+from dpsynth.autoplan.plan import check_preset_fits, chunked, deepened, method_shape, plan_inputs
 from dpsynth.autoplan.probe import StepCost, Throughput
 from dpsynth.autoplan.rules import (
     MAX_SAMPLE_RATE,
@@ -68,7 +68,7 @@ def test_at_the_base_presets_batch_the_steps_stop_at_its_own():
     config = resolve_config("dpdm", preset="auto")
     base = resolve_config("dpdm", preset="cpu")
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
-    overrides, decisions = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 3 * 3600, compiled=False)
+    overrides, decisions = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 3 * 3600)
     planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
     assert planned["dpsgd"]["batch_size"] == base["dpsgd"]["batch_size"]
     assert dpsgd_steps(planned, "dpsgd", 55_000) == dpsgd_steps(base, "dpsgd", 55_000)
@@ -87,7 +87,7 @@ def test_small_data_gets_small_batches_and_at_least_200_steps():
     config = resolve_config("dpdm", preset="auto")
     for num_train in (500, 1437, 5000):
         inputs = PlanInputs(num_train, (1, 28, 28), 10, num_train // 8, num_train // 8, "cpu")
-        overrides, _ = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 1800, compiled=False)
+        overrides, _ = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 1800)
         planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
         assert dpsgd_steps(planned, "dpsgd", num_train) >= MIN_STEPS
         assert overrides["dpsgd"]["batch_size"] <= num_train * MAX_SAMPLE_RATE
@@ -98,7 +98,7 @@ def test_the_derived_plan_fits_the_budget(throughput):
     config = resolve_config("dpdm", preset="auto")
     shape = method_shape(get_method("dpdm"))
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
-    overrides, decisions = derive(config, shape, inputs, throughput, 1800, compiled=False)
+    overrides, decisions = derive(config, shape, inputs, throughput, 1800)
     planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
                for name, values in config.items()}
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled=False)
@@ -111,8 +111,8 @@ def test_the_derived_plan_fits_the_budget(throughput):
 def test_the_slow_cpu_releases_fewer_images_than_the_fast_one():
     config = resolve_config("dpdm", preset="auto")
     shape, inputs = method_shape(get_method("dpdm")), PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
-    fast, _ = derive(config, shape, inputs, XEON, 1800, compiled=False)
-    slow, _ = derive(config, shape, inputs, SLOW, 1800, compiled=False)
+    fast, _ = derive(config, shape, inputs, XEON, 1800)
+    slow, _ = derive(config, shape, inputs, SLOW, 1800)
     assert slow["sampling"]["num_samples"] < fast["sampling"]["num_samples"]
     assert slow["dpsgd"]["batch_size"] * slow["dpsgd"]["epochs"] < fast["dpsgd"]["batch_size"] * fast["dpsgd"]["epochs"]
 
@@ -181,6 +181,18 @@ def test_the_unet_gets_a_level_per_halving_of_the_side(side, widths):
     assert deeper["model"]["block_channels"] == widths and bool(decisions) == (side > 32)
     own = resolve_config("dpdm", preset="auto", overrides=["model.block_channels=[8, 16]"])
     assert deepened(own, side, own["plan"]["user_keys"])[0]["model"]["block_channels"] == [8, 16]
+
+
+@pytest.mark.parametrize("side, physical, sampling", [(32, 128, 500), (64, 32, 125), (128, 8, 25)])
+def test_on_a_cpu_larger_images_come_in_chunks_of_about_the_base_presets_pixels(side, physical, sampling):
+    config = resolve_config("dpdm", preset="auto")
+    smaller, decisions = chunked(config, side, torch.device("cpu"), [], [])
+    assert (smaller["dpsgd"]["physical_batch_size"], smaller["sampling"]["batch_size"]) == (physical, sampling)
+    assert bool(decisions) == (side > 32) and 20_000 % sampling == 0  # a chunk divides the release
+    own = resolve_config("dpdm", preset="auto", overrides=["dpsgd.physical_batch_size=64"])
+    assert chunked(own, side, torch.device("cpu"), own["plan"]["user_keys"], [])[0]["dpsgd"][
+        "physical_batch_size"] == 64
+    assert chunked(config, side, torch.device("cuda"), [], [])[0] == config  # a GPU's chunks follow its memory
 
 
 @pytest.mark.parametrize("side", [64, 128])

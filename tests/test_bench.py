@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.bench import BenchSpec, frontier, record
+from dpsynth.bench import BenchSpec, frontier, plans, record
 from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
 from dpsynth.config import SCHEMA
@@ -144,6 +144,25 @@ def test_the_frontier_tabulates_committed_records_of_one_cpu_type_and_refuses_a_
     amx = [results / "cpu-frontier" / "dpdm-12-epochs", results / "cpu-frontier-amx" / "dpdm-6-epochs"]
     with pytest.raises(DpsynthError, match="different machines.*AVX512, bf16 native.*AVX512, AMX, bf16 native"):
         frontier.table(amx)  # same CPU name and capability, with and without AMX tiles
+
+
+def test_measured_plans_tabulate_runs_and_refusals_with_their_cpu(tmp_path):
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-auto"
+    table = plans.table(results)
+    assert ("| photo-patches-16k | 10m | 16,000 | 64 x 767 | 5,000 | 10.0 | 11.4 | 1.14 | 98.8 ± 0.2 % | 287.0 |"
+            in table)
+    refused = tmp_path / "photos-128-10m"
+    refused.mkdir()
+    (refused / "machine.txt").write_text("AMD EPYC, 2 cores, AVX2\n")
+    (refused / "wall.txt").write_text("80\n")
+    (refused / "run.out").write_text("dpsynth: error: plan.time_budget 10 min is too short on this machine: 200 "
+                                     "DP-SGD steps ...; give --time-budget 21m or more (or a smaller resolution)\n")
+    assert plans.table(tmp_path).splitlines()[-1] == (
+        "| photos-128-10m | 10m | – | refused: give --time-budget 21m | – | – | 1.3 | – | – | – | "
+        "AMD EPYC, 2 cores, AVX2 |")
+    (refused / "run.out").write_text("Traceback ...\n")
+    with pytest.raises(DpsynthError, match="photos-128-10m: not a finished measurement"):
+        plans.table(tmp_path)
 
 
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):

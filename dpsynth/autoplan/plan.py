@@ -68,6 +68,7 @@ def method_shape(method: type[Method]) -> MethodShape:
                        method.unestimated_phases)
 
 
+CHUNK_SIDE = 32  # the side at which the base preset's chunk sizes hold on a CPU (:func:`chunked`)
 MEASURED: dict[str, Throughput] = {}  # this process's probes, by what they measured
 
 
@@ -98,12 +99,13 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
                       time.perf_counter() - start)
 
 
-def compiles_sampling(config: Config, device: torch.device) -> bool:
-    """Whether the release's sampler will be compiled (:func:`dpsynth.hardware.resolve_compile`)."""
+def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
+    """Whether the release's sampler (images of ``side`` px) will be compiled
+    (:func:`dpsynth.hardware.resolve_compile`)."""
     sampling = SamplingSettings.of(config)
     bf16 = resolve_bf16(sampling.bf16, device, "sampling.bf16").value
     work = sampling.num_samples * config.get("diffusion", {}).get("sample_steps", 0)
-    return bool(work) and resolve_compile(sampling.compile, device, bf16, work).value
+    return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side).value
 
 
 def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Config:
@@ -120,15 +122,21 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Co
     inputs = plan_inputs(info, device, PrivacySettings.of(config).max_images_per_group)
     budget, kept = parse_duration(plan.time_budget), list(plan.user_keys)
     config, decisions = deepened(config, inputs.shape[1], kept)
+    config, decisions = chunked(config, inputs.shape[1], device, kept, decisions)
+    if inputs.images_per_unit > 1:
+        decisions.append(f"a group's step is priced at {inputs.images_per_unit} images (privacy.max_images_per_group,"
+                         " the most a step reads of one; set it to the most images a person has where that is less)")
     throughput = measure(method_cls(config), config, inputs, device)
-    overrides, sized = derive(config, shape, inputs, throughput, budget, compiles_sampling(config, device), kept)
+    overrides, sized = derive(config, shape, inputs, throughput, budget,
+                               lambda trial: compiles_sampling(trial, inputs.shape[1], device), kept)
     decisions += sized
     planned = copy.deepcopy(config)
     merge(planned, user_keys_kept(overrides, kept), "the derived plan")
     if device.type == "cuda":
         chunks = user_keys_kept(fitting_chunks(planned, inputs, device, decisions), kept)
         merge(planned, chunks, "the derived plan's memory estimate")
-    expected = estimate_seconds(planned, shape, inputs, throughput, compiles_sampling(planned, device))
+    compiled = compiles_sampling(planned, inputs.shape[1], device)
+    expected = estimate_seconds(planned, shape, inputs, throughput, compiled)
     planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
                            expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
     return planned
@@ -146,6 +154,30 @@ def deepened(config: Config, side: int, kept: list[str]) -> tuple[Config, list[s
     deeper = copy.deepcopy(config)
     deeper["model"]["block_channels"] = widths
     return deeper, [f"UNet widths {widths}: a level per halving of {side} px down to 8 x 8"]
+
+
+def chunked(config: Config, side: int, device: torch.device, kept: list[str], decisions: list[str]
+            ) -> tuple[Config, list[str]]:
+    """On a CPU, ``config`` with its DP-SGD chunks (``physical_batch_size``) and a diffusion model's sampling
+    chunks (``sampling.batch_size``) shrunk past :data:`CHUNK_SIDE` px, keys the user set aside: each to the
+    largest divisor of its value within (:data:`CHUNK_SIDE` / side)^2 of it, so a chunk holds about as many pixels
+    as the base preset's and still divides the release. Chunks of 128 examples of 128 px measured twice as slow
+    per example as chunks of 8 on 2 cores (a chunk's activations outgrow the caches and the allocator's reuse)."""
+    if device.type != "cpu" or side <= CHUNK_SIDE:
+        return config, decisions
+    keys = [f"{section}.physical_batch_size" for section in get_method(config["method"]).dpsgd_sections
+            if "physical_batch_size" in config.get(section, {})]
+    keys += ["sampling.batch_size"] if "diffusion" in config else []
+    smaller, shrunk = copy.deepcopy(config), []
+    for key in (key for key in keys if key not in kept):
+        section, name = key.split(".")
+        value = config[section][name]
+        within = max(1.0, value * (CHUNK_SIDE / side) ** 2)
+        smaller[section][name] = max(d for d in range(1, value + 1) if value % d == 0 and d <= within)
+        shrunk.append(f"{key} {smaller[section][name]}")
+    if not shrunk:
+        return config, decisions
+    return smaller, [*decisions, f"chunks of about the base preset's pixels at {CHUNK_SIDE} px: {', '.join(shrunk)}"]
 
 
 def fitting_chunks(config: Config, inputs: PlanInputs, device: torch.device, decisions: list[str]

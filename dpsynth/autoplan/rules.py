@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,11 +223,13 @@ def _set(overrides: dict[str, dict[str, Any]], key: str, value: Any) -> None:
 
 
 def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, budget: float,
-           compiled: bool, kept: Sequence[str] = ()) -> tuple[dict[str, dict[str, Any]], list[str]]:
+           compiles: Callable[[Config], bool] = lambda config: False, kept: Sequence[str] = ()
+           ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Overrides of ``config`` (its base preset's values) that fit ``budget`` seconds, and why, in words; the
-    ``kept`` keys (the user's) keep their values and the rest is sized around them."""
+    ``kept`` keys (the user's) keep their values and the rest is sized around them. ``compiles(config)``: whether
+    that config's release would be sampled compiled (it depends on the release's size)."""
     floor = training_floor(config, method, inputs, throughput, kept)
-    overrides, after, decisions = fit_release(config, method, inputs, throughput, compiled, budget, floor, kept)
+    overrides, after, decisions = fit_release(config, method, inputs, throughput, compiles, budget, floor, kept)
     if not method.dpsgd_sections:
         return overrides, decisions
     left = budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
@@ -281,8 +283,8 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
     return seconds
 
 
-def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, compiled: bool,
-                budget: float, floor: float, kept: Sequence[str]
+def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+                compiles: Callable[[Config], bool], budget: float, floor: float, kept: Sequence[str]
                 ) -> tuple[dict[str, dict[str, Any]], float, list[str]]:
     """The release size and evaluation (overrides), their seconds and the decisions in words, in the module
     docstring's order; ConfigError with the smallest budget that holds the training floor and the smallest
@@ -293,7 +295,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
         overrides, cut = option
         trial = copy.deepcopy(config)
         merge(trial, overrides, "the derived plan")
-        after = sampling_seconds(trial, throughput, compiled) + evaluation_seconds(trial, inputs, throughput,
+        after = sampling_seconds(trial, throughput, compiles(trial)) + evaluation_seconds(trial, inputs, throughput,
                                                                                   method.soft_labels)
         if after <= room:
             break

@@ -17,9 +17,18 @@ def measured(root: Path) -> list[dict[str, Any]]:
     return [measurement(folder) for folder in sorted(root.iterdir()) if (folder / "wall.txt").is_file()]
 
 
+REFUSAL = re.compile(r"plan\.time_budget (\S+) min is too short on this machine.*give --time-budget (\S+) or more")
+
+
 def measurement(folder: Path) -> dict[str, Any]:
-    """The row of one finished measurement folder (``benchmarks/plan-run.sh ROOT NAME``)."""
+    """The row of one finished measurement folder (``benchmarks/plan-run.sh ROOT NAME``): a run, or a plan refused
+    for a budget too short."""
     runs = [path for path in folder.iterdir() if (path / CONFIG).is_file()] if folder.is_dir() else []
+    refusal = REFUSAL.search((folder / "run.out").read_text()) if (folder / "run.out").is_file() else None
+    if not runs and refusal and (folder / "wall.txt").is_file():
+        return {"name": folder.name, "machine": (folder / "machine.txt").read_text().strip(), "date": None,
+                "budget": f"{refusal[1]}m", "refused": f"refused: give --time-budget {refusal[2]}",
+                "measured_min": float((folder / "wall.txt").read_text()) / 60}
     if len(runs) != 1 or not (folder / "wall.txt").is_file():
         raise DpsynthError(f"{folder}: not a finished measurement: expected wall.txt beside one run directory "
                            f"(found {len(runs)})")
@@ -83,6 +92,10 @@ def table(root: Path) -> str:
     lines = ["| measurement | budget | N | batch x steps | release | expected min | measured min | "
              "measured / expected | CNN accuracy | FID∞ | CPU |", "| --- " * 11 + "|"]
     for row in measured(root):
+        if "refused" in row:
+            lines.append(f"| {row['name']} | {row['budget']} | – | {row['refused']} | – | – | "
+                         f"{row['measured_min']:.1f} | – | – | – | {row['machine']} |")
+            continue
         expected = row["expected_min"]
         timing = ("– | " if expected is None else f"{expected:.1f} | ") + f"{row['measured_min']:.1f} | " + (
             "–" if expected is None else f"{row['measured_min'] / expected:.2f}")

@@ -44,6 +44,7 @@ COLOUR_SHARE = 0.5
 # low and high values as shares of its type's full range (dpsynth.data.pixels.window_shares).
 WINDOW_BINS = 32
 WINDOW_QUANTILES = (0.1, 0.9)  # of the lows and of the highs: the window keeps most images' own range
+WINDOW_MIN_SHARE = 0.05  # of the votes' weight from high-depth images, below which the full range is used
 # Below this many images a folder is decoded in this process (starting workers costs more than it saves).
 PARALLEL_FROM = 2000
 CACHE_VERSION = 1  # of the decoded-array cache's layout and of the decoding itself
@@ -219,9 +220,10 @@ class ShapeVotes:
     def window(self) -> Window | None:
         """The window as shares of the full range, from the votes: from the low edge of the bin that holds the
         :data:`WINDOW_QUANTILES` low quantile of the lows to the high edge of the bin that holds the high quantile
-        of the highs (so most images keep their range); None where the window was not voted on or the votes cross
-        (the full range is used)."""
-        if not len(self.by_low):
+        of the highs (so most images keep their range); None (the full range is used) where the window was not voted
+        on, the votes cross, or high-depth images weigh less than :data:`WINDOW_MIN_SHARE` of the votes (as in a
+        folder of 8-bit images, which cast no window vote)."""
+        if not len(self.by_low) or self.by_low.sum() < WINDOW_MIN_SHARE * self.total():
             return None
         low = _quantile_bin(self.by_low, WINDOW_QUANTILES[0]) / WINDOW_BINS
         high = (_quantile_bin(self.by_high, WINDOW_QUANTILES[1]) + 1) / WINDOW_BINS

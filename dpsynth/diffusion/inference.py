@@ -57,7 +57,7 @@ def sampling_model(model: nn.Module, settings: SamplingSettings, image_steps: in
     multiple of ``sampling.batch_size`` where compiling)."""
     device = next(model.parameters()).device
     bf16 = resolve_bf16(settings.bf16, device, "sampling.bf16")
-    compiled = resolve_compile(settings.compile, device, bf16.value, image_steps)
+    compiled = resolve_compile(settings.compile, device, bf16.value, image_steps, example[0].shape[-1])
     chosen = SamplingModel(model, device, bf16, compiled)
     with torch.no_grad(), bf16_autocast(device, bf16.value):
         if compiled.value:
