@@ -21,7 +21,7 @@ def main() -> None:
     args = parser.parse_args()
     full = load_dataset("fashion-mnist")
     chosen = torch.randperm(len(full.train), generator=torch.Generator().manual_seed(0))[:args.images]
-    images = (full.train.images[chosen] * 255).round().to(torch.uint8).numpy()
+    images = full.train.images[chosen].numpy()
     np.savez_compressed(args.out, images=images, labels=full.train.labels[chosen].numpy(),
                         class_names=np.array(full.info.class_names))
     print(f"{args.out}: {args.images} Fashion-MNIST training images")

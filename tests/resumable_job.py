@@ -14,6 +14,7 @@ from dpsynth.privacy import Accountant, ledger_report
 from dpsynth.privacy.mechanisms import release_subsampled_mean
 from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import Checkpoint, RunDirectory
+from dpsynth.utils.images import as_floats
 
 CHECKPOINT_EVERY = 5
 
@@ -32,7 +33,7 @@ def main() -> None:
         config = resolve_config("dpdm", dataset="mnist-5k", epsilon=5.0, overrides=["run.seed=0"])  # reproducible
         run = RunDirectory.create(config, args.path)
         print(run.path, flush=True)
-    images = dataset_from_config(config).train.images.flatten(1)
+    images = as_floats(dataset_from_config(config).train.images).flatten(1)
     noise = SecretStream(derived_key(config["run"]["seed"], "noise"))
     restored, ledger = run.restore()
     state = restored or Checkpoint(parts={"total": torch.zeros(images.shape[1])}, rng=noise.get_state())

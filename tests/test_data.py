@@ -14,13 +14,13 @@ from PIL import Image
 from dpsynth.cli import main
 from dpsynth.data import DATASETS, load_dataset
 from dpsynth.errors import DataError
+from dpsynth.utils.images import as_floats
 
 
 def assert_well_formed(dataset, shape, num_classes):
     for part in (dataset.train, dataset.val, dataset.test):
-        assert part.images.dtype == torch.float32 and part.labels.dtype == torch.int64
+        assert part.images.dtype == torch.uint8 and part.labels.dtype == torch.int64  # held as loaded: 0..255
         assert tuple(part.images.shape[1:]) == shape
-        assert 0.0 <= float(part.images.min()) and float(part.images.max()) <= 1.0
         assert 0 <= int(part.labels.min()) and int(part.labels.max()) < num_classes
     assert dataset.info.shape == shape and dataset.info.num_classes == num_classes
     assert dataset.info.split_sizes == {"train": len(dataset.train), "val": len(dataset.val),
@@ -41,8 +41,8 @@ def test_validation_split_is_seeded_and_disjoint_from_train():
     first, again, other = (load_dataset("mnist-5k", split_seed=s) for s in (0, 0, 1))
     assert torch.equal(first.val.images, again.val.images)
     assert not torch.equal(first.val.images, other.val.images)
-    rows = {bytes(img.mul(255).round().byte().numpy()) for img in first.train.images}
-    overlap = sum(bytes(img.mul(255).round().byte().numpy()) in rows for img in first.val.images)
+    rows = {bytes(img.numpy()) for img in first.train.images}
+    overlap = sum(bytes(img.numpy()) in rows for img in first.val.images)
     assert overlap <= 2  # MNIST holds a few exact duplicates; a shared index would give 500
 
 
@@ -63,7 +63,7 @@ def test_photo_patches_are_distinct_natural_crops_drawn_the_same_everywhere():
     dataset = load_dataset("photo-patches", resolution=16)
     assert_well_formed(dataset, (3, 16, 16), 2)
     assert sum(dataset.info.split_sizes.values()) == 20000 and dataset.info.class_names == ["china", "flower"]
-    pixels = dataset.train.images.flatten(1)
+    pixels = as_floats(dataset.train.images).flatten(1)
     assert len(torch.unique(pixels, dim=0)) > 0.99 * len(pixels)  # crops, not copies of a few
     spread = pixels.std(dim=1)
     assert spread.max() > 0.2 and (spread < 0.02).float().mean() < 0.5  # textured and flat ones, not all flat
@@ -71,7 +71,8 @@ def test_photo_patches_are_distinct_natural_crops_drawn_the_same_everywhere():
     assert torch.equal(dataset.train.images, again.train.images)
     grey = load_dataset("photo-patches", resolution=16, channels=1)  # e.g. to pre-train for a grey private set
     assert_well_formed(grey, (1, 16, 16), 2)
-    assert (grey.train.images - dataset.train.images.mean(dim=1, keepdim=True)).abs().max() <= 0.5 / 255 + 1e-6
+    rgb_mean = as_floats(dataset.train.images).mean(dim=1, keepdim=True)
+    assert (as_floats(grey.train.images) - rgb_mean).abs().max() <= 0.5 / 255 + 1e-6
 
 
 @pytest.mark.parametrize("compress", [True, False])
@@ -82,7 +83,7 @@ def test_mnist_idx_directory(tmp_path, compress):
     assert (dataset.info.size_rule, dataset.info.public_train) == ("published", 59_980)  # by the name, not the files
     assert_well_formed(dataset, (1, 28, 28), 10)
     assert dataset.info.split_sizes == {"train": 100, "val": 20, "test": 30}
-    together = torch.cat([dataset.train.images, dataset.val.images]).mul(255).round().byte()
+    together = torch.cat([dataset.train.images, dataset.val.images])
     assert sorted(together.flatten().tolist()) == sorted(images.flatten().tolist())
 
 
@@ -214,7 +215,7 @@ def test_npz_layouts(tmp_path, layout):
     dataset = load_dataset("npz", tmp_path / "d.npz", val_size=5, test_size=5, num_classes=5)
     assert_well_formed(dataset, (1, 12, 12), 5)
     all_pixels = torch.cat([dataset.train.images, dataset.val.images, dataset.test.images])
-    assert sorted(all_pixels.mul(255).round().flatten().tolist()) == sorted(images.flatten().tolist())
+    assert sorted(all_pixels.flatten().tolist()) == sorted(images.flatten().tolist())
 
 
 def test_npz_float_images_and_class_names(tmp_path):

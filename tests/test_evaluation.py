@@ -31,7 +31,7 @@ FAST = resolve_bf16("auto", torch.device("cpu")).value  # the Inception path a r
 def digits() -> np.ndarray:
     """120 sklearn digits as uint8 1 x 8 x 8 images."""
     dataset = load_dataset("digits")
-    return (dataset.train.images[:120] * 255).round().to(torch.uint8).numpy()
+    return dataset.train.images[:120].numpy()
 
 
 @pytest.fixture(scope="module")

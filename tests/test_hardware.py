@@ -40,6 +40,7 @@ def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():
     assert not resolve_compile("auto", cuda, bf16=False, image_steps=600_000).value  # not measured on a GPU
     assert resolve_compile(True, cpu, bf16=True, image_steps=1).value
     assert resolve_compile("auto", cpu, bf16=False, image_steps=5_000, side=128).value  # 16x the work of 32 px
+    assert resolve_compile("auto", cpu, bf16=False, image_steps=50_000, side=28).value  # as measured, at 28 px
     with pytest.raises(ConfigError, match="sampling.compile must be auto, true or false, got 'fast'"):
         resolve_compile("fast", cpu, bf16=False, image_steps=1)
 

@@ -231,7 +231,7 @@ def test_a_noisy_count_over_groups_counts_groups(tmp_path):
 def test_a_derived_plan_on_own_data_reads_the_noisy_count_not_the_exact_size(tmp_path):
     digits = load_dataset("digits")
     images = torch.cat([digits.train.images, digits.val.images, digits.test.images])
-    np.savez(tmp_path / "own.npz", images=(images * 255).round().to(torch.uint8).numpy(),
+    np.savez(tmp_path / "own.npz", images=images.numpy(),
              labels=torch.cat([digits.train.labels, digits.val.labels, digits.test.labels]).numpy(),
              class_names=np.asarray(digits.info.class_names))
     config = resolve_config("dpdm", dataset="npz", data_dir=str(tmp_path / "own.npz"), epsilon=10.0,

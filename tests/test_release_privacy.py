@@ -52,7 +52,7 @@ def own_npz(tmp_path) -> str:
     digits = load_dataset("digits")
     images = torch.cat([digits.train.images, digits.val.images, digits.test.images])
     labels = torch.cat([digits.train.labels, digits.val.labels, digits.test.labels])
-    np.savez(tmp_path / "own.npz", images=(images * 255).round().to(torch.uint8).numpy(), labels=labels.numpy(),
+    np.savez(tmp_path / "own.npz", images=images.numpy(), labels=labels.numpy(),
              class_names=np.asarray(digits.info.class_names))
     return str(tmp_path / "own.npz")
 

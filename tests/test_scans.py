@@ -23,6 +23,7 @@ from dpsynth.data.sources import LoadOptions
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import METHODS
+from dpsynth.utils.images import as_floats
 
 
 def write_dicom(path: Path, stored: np.ndarray, bits: int = 12, intercept: float = -1024.0,
@@ -64,10 +65,10 @@ def test_a_16_bit_scan_is_windowed_never_clipped_white(tmp_path):
     root = sixteen_bit_folder(tmp_path / "scans")
     assert Image.open(next(root.rglob("*.png"))).mode == "I;16"
     full = load_dataset("folder", root, resolution=32, channels=1, window="full")
-    images = full.train.joined(full.val).joined(full.test).images
+    images = as_floats(full.train.joined(full.val).joined(full.test).images)
     assert 0.25 < float(images.mean()) < 0.5 and float(images.max()) < 0.65  # 18,000-40,000 of 65,535: not white
     declared = load_dataset("folder", root, resolution=32, channels=1, window=(18000.0, 40000.0))
-    spread = declared.train.joined(declared.val).joined(declared.test).images
+    spread = as_floats(declared.train.joined(declared.val).joined(declared.test).images)
     assert float(spread.min()) < 0.1 and float(spread.max()) > 0.9  # the declared window spans 0 .. 255
     assert declared.info.pixel_rule.endswith("from the declared window [18000.0, 40000.0]")
     assert full.info.pixel_rule.endswith("from their type's full range")
@@ -81,9 +82,13 @@ def test_a_tiff_scan_reads_as_a_png_one(tmp_path):
     assert np.array_equal(png.train.images.numpy(), tiff.train.images.numpy())
 
 
-def test_the_window_vote_is_a_vote_of_people_and_finds_the_scans_range(tmp_path):
+def test_the_window_vote_is_a_vote_of_people_and_finds_the_scans_range(tmp_path, monkeypatch):
     root = sixteen_bit_folder(tmp_path / "scans", people=4, per_person=3)
     votes = folder_votes(LoadOptions(root))
+    monkeypatch.setattr(folder_module, "PARALLEL_FROM", 4)  # worker processes vote alike
+    assert all(np.array_equal(serial, parallel) for serial, parallel in
+               zip(votes.vectors, folder_votes(LoadOptions(root)).vectors, strict=True))
+    monkeypatch.undo()
     assert len(votes.by_low) == len(votes.by_high) == WINDOW_BINS and votes.sensitivity == 2.0
     assert votes.by_low.sum() == pytest.approx(4)  # four people (the same names in both classes), twelve scans each
     low, high = votes.window()
@@ -105,11 +110,11 @@ def test_dicom_files_are_read_with_their_rescale_and_photometry(tmp_path):
     write_dicom(root / "b" / "p2" / "inverted.dcm", np.full((30, 34), 1000), photometric="MONOCHROME1")
     hounsfield = load_dataset("folder", root, resolution=28, channels=1, window=(-1024.0, 976.0), val_size=0,
                               test_size=0)
-    by_label = {int(label): float(image.mean()) for image, label in zip(hounsfield.train.images,
+    by_label = {int(label): float(image.mean()) for image, label in zip(as_floats(hounsfield.train.images),
                                                                         hounsfield.train.labels, strict=True)}
     assert by_label[0] == pytest.approx(1000 / 2000, abs=0.01)  # stored 1000 is -24 HU: mid-window
     full = load_dataset("folder", root, resolution=28, channels=3, window="full", val_size=0, test_size=0)
-    means = sorted(float(image.mean()) for image in full.train.images)
+    means = sorted(float(image.mean()) for image in as_floats(full.train.images))
     assert full.train.images.shape[1:] == (3, 28, 28)
     assert means == pytest.approx([1000 / 4095, 2000 / 4095, (4095 - 1000) / 4095], abs=0.01)  # MONOCHROME1 turned
 

@@ -1,6 +1,7 @@
 """Dataset containers shared by every loader."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,8 +12,9 @@ from ..errors import DataError
 
 @dataclass(frozen=True)
 class ImageSet:
-    """Images as float32 N x C x H x W in [0, 1] with int64 labels, and each image's group (the person it is of;
-    int64 ids) where the data has groups."""
+    """Images N x C x H x W with int64 labels, and each image's group (the person it is of; int64 ids) where the
+    data has groups. Loaded data holds its images as uint8 0..255 (a quarter of float32's memory) and its readers
+    convert what they use (:func:`~dpsynth.utils.images.as_floats`); generated sets hold float32 in [0, 1]."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -26,9 +28,12 @@ class ImageSet:
         return ImageSet(self.images[index], self.labels[index], None if self.groups is None else self.groups[index])
 
     def joined(self, other: ImageSet) -> ImageSet:
-        """This set's images followed by ``other``'s (both with groups, or neither)."""
+        """This set's images followed by ``other``'s (both with groups, or neither; both uint8, or both float)."""
         if (self.groups is None) != (other.groups is None):
             raise DataError("image sets to join must both have groups or neither")
+        if self.images.dtype != other.images.dtype:
+            raise DataError(f"image sets to join must hold the same pixel type, got {self.images.dtype} and "
+                            f"{other.images.dtype}")
         groups = None if self.groups is None or other.groups is None else torch.cat([self.groups, other.groups])
         return ImageSet(torch.cat([self.images, other.images]), torch.cat([self.labels, other.labels]), groups)
 
@@ -153,9 +158,13 @@ class Dataset:
 
 
 def to_image_set(images: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = None) -> ImageSet:
-    """Convert uint8 N x C x H x W images, integer labels and group ids to tensors."""
+    """Convert uint8 N x C x H x W images (kept uint8, not copied: a cached folder's memory map stays one until
+    the splits are drawn from it), integer labels and group ids to tensors."""
+    with warnings.catch_warnings():  # a read-only memory map: nothing writes to loaded images
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        pixels = torch.from_numpy(np.asarray(images, dtype=np.uint8))
     return ImageSet(
-        torch.from_numpy(np.array(images, dtype=np.float32)).div_(255.0),
+        pixels,
         torch.from_numpy(np.asarray(labels, dtype=np.int64)),
         None if groups is None else torch.from_numpy(np.asarray(groups, dtype=np.int64)),
     )

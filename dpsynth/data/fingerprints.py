@@ -14,17 +14,18 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from ..utils.images import to_uint8
+from ..utils.images import as_floats, to_uint8
 from .base import Dataset
 
 FINGERPRINTS = "fingerprints.npy"
 SPLITS = ("train", "val", "test")
+FINGERPRINT_CHUNK = 4096  # images converted to float at a time
 
 
 def fingerprints(images: torch.Tensor) -> np.ndarray:
-    """The sorted, distinct fingerprints of ``images`` (N x C x H x W in [0, 1])."""
-    grey = to_uint8(images.mean(dim=1))
-    digests = [hashlib.blake2b(image.tobytes(), digest_size=8).digest() for image in grey]
+    """The sorted, distinct fingerprints of ``images`` (N x C x H x W, uint8 or in [0, 1]), a chunk at a time."""
+    digests = [hashlib.blake2b(image.tobytes(), digest_size=8).digest() for chunk in images.split(FINGERPRINT_CHUNK)
+               for image in to_uint8(as_floats(chunk).mean(dim=1))]
     return np.unique(np.frombuffer(b"".join(digests), dtype="<u8"))
 
 

@@ -9,10 +9,11 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,9 +46,11 @@ COLOUR_SHARE = 0.5
 WINDOW_BINS = 32
 WINDOW_QUANTILES = (0.1, 0.9)  # of the lows and of the highs: the window keeps most images' own range
 WINDOW_MIN_SHARE = 0.05  # of the votes' weight from high-depth images, below which the full range is used
-# Below this many images a folder is decoded in this process (starting workers costs more than it saves).
+# Below this many images a folder is decoded and voted on in this process (starting workers costs more than it
+# saves).
 PARALLEL_FROM = 2000
 CACHE_VERSION = 1  # of the decoded-array cache's layout and of the decoding itself
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -249,8 +252,8 @@ def shape_votes(files: list[Path], groups: np.ndarray | None, resolution: int | 
     weights = np.ones(len(files)) if groups is None else 1.0 / np.bincount(groups)[groups]
     by_side, by_colour = np.zeros(len(sides) if resolution == AUTO else 0), np.zeros(2 if channels == AUTO else 0)
     by_low, by_high = np.zeros(WINDOW_BINS if window else 0), np.zeros(WINDOW_BINS if window else 0)
-    for path, weight in zip(files, weights, strict=True):
-        short, coloured, shares = _image_facts(path, channels == AUTO, window)
+    for index, (short, coloured, shares) in _each_file(_facts_of, files, channels == AUTO, window):
+        weight = weights[index]
         if len(by_side):
             by_side[max(int(np.searchsorted(sides, short, "right")) - 1, 0)] += weight
         if len(by_colour):
@@ -259,6 +262,10 @@ def shape_votes(files: list[Path], groups: np.ndarray | None, resolution: int | 
             by_low[min(int(shares[0] * WINDOW_BINS), WINDOW_BINS - 1)] += weight
             by_high[min(int(shares[1] * WINDOW_BINS), WINDOW_BINS - 1)] += weight
     return ShapeVotes(sides, depths, by_side, by_colour, by_low, by_high)
+
+
+def _facts_of(files: list[Path], colour: bool, window: bool) -> list[tuple[int, bool, Window | None]]:
+    return [_image_facts(path, colour, window) for path in files]
 
 
 def _image_facts(path: Path, colour: bool, window: bool) -> tuple[int, bool, Window | None]:
@@ -298,14 +305,9 @@ def decoded_images(files: list[Path], side: int, channels: int, rule: WindowRule
     partial = None if cached is None else _private_file(cached.with_suffix(f".{os.getpid()}.partial"))
     images = np.empty(shape, np.uint8) if partial is None else np.lib.format.open_memmap(partial, "w+", np.uint8,
                                                                                        shape)
-    workers = min(len(os.sched_getaffinity(0)), len(files) // (PARALLEL_FROM // 2)) if len(files) >= PARALLEL_FROM \
-        else 1
-    chunks = [chunk for chunk in np.array_split(np.arange(len(files)), max(1, workers * 8)) if len(chunk)]
-    jobs = [([files[i] for i in chunk], side, channels, rule) for chunk in chunks]
     try:
-        with ProcessPoolExecutor(workers) if workers > 1 else _InProcess() as pool:
-            for chunk, part in zip(chunks, pool.map(_decode_chunk, *zip(*jobs, strict=True)), strict=True):
-                images[chunk[0]:chunk[-1] + 1] = part  # each part copied as it comes, then dropped
+        for chunk, part in _in_chunks(_decode_chunk, files, side, channels, rule):
+            images[chunk[0]:chunk[-1] + 1] = part  # each part copied as it comes, then dropped
     except BaseException:
         if partial is not None:
             partial.unlink(missing_ok=True)  # no half-decoded private images left behind
@@ -319,17 +321,25 @@ def decoded_images(files: list[Path], side: int, channels: int, rule: WindowRule
     return np.load(cached, mmap_mode="r")
 
 
-class _InProcess:
-    """A pool of no processes: ``map`` runs in this one (a small folder)."""
+def _in_chunks(function: Callable[..., T], files: list[Path], *args: Any) -> Iterator[tuple[np.ndarray, T]]:
+    """(indices, ``function(those files, *args)``) for consecutive chunks of ``files``, in order; in parallel
+    processes (one per core) for a folder of :data:`PARALLEL_FROM` files or more."""
+    workers = min(len(os.sched_getaffinity(0)), len(files) // (PARALLEL_FROM // 2)) if len(files) >= PARALLEL_FROM \
+        else 1
+    chunks = [chunk for chunk in np.array_split(np.arange(len(files)), max(1, workers * 8)) if len(chunk)]
+    jobs = [([files[i] for i in chunk], *args) for chunk in chunks]
+    if workers == 1:
+        yield from zip(chunks, (function(*job) for job in jobs), strict=True)
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        yield from zip(chunks, pool.map(function, *zip(*jobs, strict=True)), strict=True)
 
-    def __enter__(self) -> _InProcess:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def map(self, function: Callable[..., np.ndarray], *iterables: Iterable) -> Iterator[np.ndarray]:
-        return map(function, *iterables)
+def _each_file(function: Callable[..., list[T]], files: list[Path], *args: Any) -> Iterator[tuple[int, T]]:
+    """(index, result) for each of ``files``, where ``function`` maps a chunk of files to a result each
+    (:func:`_in_chunks`)."""
+    for chunk, results in _in_chunks(function, files, *args):
+        yield from zip(chunk.tolist(), results, strict=True)
 
 
 def _decode_chunk(files: list[Path], side: int, channels: int, rule: WindowRule) -> np.ndarray:

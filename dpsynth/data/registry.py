@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from ..utils.images import convert_images
+from ..utils.images import as_floats, convert_images
 from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
 from .folder import ShapeVotes, folder_votes, load_folder
 from .pixels import Window
@@ -211,5 +211,6 @@ def load_public(name: str, data_dir: str | Path | None, like: DatasetInfo, num_i
     private data's), with its labels, and its class names."""
     public = load_dataset(name, data_dir, resolution=like.height, channels=like.channels, num_images=num_images)
     parts = (public.train, public.val, public.test)
-    images = convert_images(torch.cat([part.images for part in parts]), like.channels, (like.height, like.width))
+    images = convert_images(as_floats(torch.cat([part.images for part in parts])), like.channels,
+                            (like.height, like.width))
     return ImageSet(images, torch.cat([part.labels for part in parts])), public.info.class_names

@@ -27,6 +27,7 @@ from ..data.fingerprints import FINGERPRINTS, fingerprints, load_fingerprints
 from ..errors import ConfigError
 from ..models import build_unet
 from ..utils.device import to_device
+from ..utils.images import as_floats
 from ..utils.io import directory_sha256
 from .ddpm import Diffusion, drop_labels
 from .settings import PretrainSettings
@@ -61,7 +62,7 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
         times, noise = diffusion.training_inputs(settings.batch_size, 1, (channels, height, width), generator)
         labels = None if num_classes is None else to_device(
             drop_labels(data.labels[index], num_classes, settings.label_dropout, generator), device)
-        images, times, noise = (to_device(t, device) for t in (data.images[index], times, noise))
+        images, times, noise = (to_device(t, device) for t in (as_floats(data.images[index]), times, noise))
         loss = diffusion.batch_loss(model, images, labels, times, noise)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

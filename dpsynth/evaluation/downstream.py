@@ -23,6 +23,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.dpsgd import EMA
 from ..privacy.mechanisms import report_noisy_max
 from ..privacy.randomness import SecretStream
+from ..utils.images import as_floats
 
 SCHEDULES = ("cosine", "step")
 SHIFT = 2  # pixels an augmented training image may move each way
@@ -43,7 +44,7 @@ class TrainingSettings:
 
 
 def _normalise(images: torch.Tensor) -> torch.Tensor:
-    return images * 2 - 1
+    return as_floats(images) * 2 - 1
 
 
 @torch.no_grad()
@@ -86,7 +87,7 @@ def train_epochs(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, 
     for _ in tqdm(range(settings.epochs), desc=desc, dynamic_ncols=True):
         model.train()
         for batch in torch.randperm(len(images), generator=generator).split(settings.batch_size):
-            logits = model(_normalise(shift(images[batch].to(device))))
+            logits = model(_normalise(shift(as_floats(images[batch]).to(device))))
             loss = distillation_loss(logits, targets[batch].to(device), temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

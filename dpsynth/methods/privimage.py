@@ -40,6 +40,7 @@ from ..training.diffusion import SMOKE_UNET
 from ..training.private import DiffusionDpsgdSection
 from ..training.warmup import Warmup, WarmupSettings
 from ..utils.device import to_device
+from ..utils.images import as_floats
 from .base import DiffusionMethod, Paper, register
 from .dpdm import DPDM, DPSGD_STAGE
 
@@ -181,7 +182,7 @@ class PrivImage(DiffusionMethod):
         classifier = self._public_classifier(context, public, num_public)
         train = context.dataset.train
         with torch.no_grad():
-            top = torch.cat([classifier(to_device(train.images[start:start + 1000], device) * 2 - 1)
+            top = torch.cat([classifier(to_device(as_floats(train.images[start:start + 1000]), device) * 2 - 1)
                              .topk(top_k, dim=1).indices.cpu() for start in range(0, len(train), 1000)])
         event = context.planned_event(SELECTION_STAGE, GaussianMechanism)
         noisy = semantic_histogram(top, train.labels, train.unit_weights(), context.dataset.info.num_classes,

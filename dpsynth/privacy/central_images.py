@@ -27,6 +27,7 @@ from kornia.filters import filter2d, median_blur
 
 from ..data import ImageSet
 from ..errors import ConfigError
+from ..utils.images import as_floats
 from .events import Event, GaussianMechanism, SimpleEvent, SubsampledGaussianMechanism, per_class
 from .ledger import PrivacyLedger
 from .mechanisms import clip_rows, gaussian_noise, noisy_count, poisson_sample
@@ -133,7 +134,7 @@ def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledge
     """``query.count`` central images per class, labelled; the queries are recorded before they run."""
     for event in query.events(num_classes, train.groups is not None):
         ledger.record(stage, event)
-    small, units, weights = pooled(train.images, query.downsample), train.unit_index(), train.unit_weights()
+    units, weights = train.unit_index(), train.unit_weights()
     classes = [train.labels == label for label in range(num_classes)]
     if query.kind == "mean":
         sizes = [max(1, noisy_count(float(weights[members].sum()), query.count_noise, noise)) for members in classes]
@@ -144,8 +145,9 @@ def central_images(train: ImageSet, num_classes: int, query: CentralQuery, ledge
         sampled[poisson_sample(num_units, query.sample_rate, noise)] = True
         for label, members in enumerate(classes):
             chosen = sampled[units] & members
-            images[label].append(mean_image(small[chosen], weights[chosen], query, sizes[label], noise)
-                                 if query.kind == "mean" else mode_image(small[chosen], weights[chosen], query, noise))
+            small = pooled(as_floats(train.images[chosen]), query.downsample)
+            images[label].append(mean_image(small, weights[chosen], query, sizes[label], noise)
+                                 if query.kind == "mean" else mode_image(small, weights[chosen], query, noise))
     height, width = train.images.shape[-2:]
     full = restored(torch.stack([image for per_label in images for image in per_label]), (height, width),
                     query.denoise)

@@ -23,6 +23,7 @@ import torch
 from ..config import at_least, positive
 from ..data import DatasetInfo, ImageSet
 from ..errors import ConfigError
+from ..utils.images import as_floats
 from .events import Event, GaussianMechanism, per_class
 from .ledger import PrivacyLedger
 from .mechanisms import gaussian_noise, noisy_count, release_gaussian
@@ -52,7 +53,7 @@ class RandomFourierFeatures:
         """Sum of the features of ``images``, each times its weight, computed ``chunk`` images at a time."""
         total = torch.zeros(self.features, dtype=torch.float64)
         for start in range(0, len(images), chunk):
-            features = self(images[start:start + chunk]).double()
+            features = self(as_floats(images[start:start + chunk])).double()
             total += (features * weights[start:start + chunk, None].double()).sum(dim=0)
         return total
 

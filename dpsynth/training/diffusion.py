@@ -25,6 +25,7 @@ from ..models import build_unet
 from ..privacy import NonPrivateAccess, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import memory_limited_by, to_device
+from ..utils.images import as_floats
 from .context import RunContext
 from .private import DiffusionDpsgdSection, DpsgdSection, MakeBatch, PrivateTraining
 from .probes import DpsgdProbe, Probes, forward_cost, timed
@@ -138,7 +139,7 @@ class DiffusionTrainer:
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
             labels = drop_labels(train.labels[indices], null, dropout, generator)
             times, noise = self.diffusion.training_inputs(len(indices), k, shape, generator)
-            return tuple(to_device(t, device) for t in (train.images[indices], labels, times, noise))
+            return tuple(to_device(t, device) for t in (as_floats(train.images[indices]), labels, times, noise))
 
         return make_batch
 

@@ -13,8 +13,16 @@ from .io import atomic_write
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """Float images in [0, 1] (N x C x H x W) to uint8 0..255, rounding to the nearest level."""
+    """Float images in [0, 1] (N x C x H x W) to uint8 0..255, rounding to the nearest level; uint8 ones as they
+    are."""
+    if images.dtype == torch.uint8:
+        return images.cpu().numpy()
     return images.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+
+
+def as_floats(images: torch.Tensor) -> torch.Tensor:
+    """Images as float32 in [0, 1]: uint8 ones (as loaded data is held) divided by 255, float ones as they are."""
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images
 
 
 def class_grid(images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int = 10,

@@ -33,7 +33,7 @@ from ...training.context import RunContext, weights
 from ...training.private import PrivateTraining, dpsgd_schedule
 from ...training.probes import DpsgdProbe, Probes
 from ...utils.device import memory_limited_by, to_device
-from ...utils.images import to_uint8
+from ...utils.images import as_floats, to_uint8
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .alignment import AlignmentSettings, align_images, uniform_targets
 
@@ -155,9 +155,10 @@ class DPImgSyn(Method):
         batch_size = self.statistics_settings.batch_size
         with memory_limited_by("statistics.batch_size", batch_size, "computing the DP batch statistics"):
             train = context.dataset.train
-            statistics = private_statistics(teacher, _teacher_inputs(train.images), train.unit_weights(), scaling,
-                                            event.noise_multiplier, batch_size, device, context.ledger,
-                                            STATISTICS_STAGE, context.noise, info.num_train)
+            inputs = _teacher_inputs(as_floats(train.images))
+            statistics = private_statistics(teacher, inputs, train.unit_weights(), scaling, event.noise_multiplier,
+                                            batch_size, device, context.ledger, STATISTICS_STAGE, context.noise,
+                                            info.num_train)
         return {"statistics": statistics.state_dict(), "scale": scaling.scale, "clip": scaling.clip,
                 "teacher_accuracy": accuracy}
 
@@ -171,10 +172,10 @@ class DPImgSyn(Method):
         settings, train = self.teacher_settings, context.dataset.train
         event = context.planned_event(TEACHER_STAGE, SubsampledGaussianMechanism)
         optimizer = torch.optim.SGD(teacher.parameters(), lr=settings.lr, momentum=settings.momentum)
-        inputs = _teacher_inputs(train.images)
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return to_device(inputs[indices], context.device), to_device(train.labels[indices], context.device)
+            return (to_device(_teacher_inputs(as_floats(train.images[indices])), context.device),
+                    to_device(train.labels[indices], context.device))
 
         teacher.train()
         engine = DpsgdSettings(event.noise_multiplier, settings.clip, event.sample_rate, settings.physical_batch_size)

@@ -42,7 +42,7 @@ from ...training.context import RunContext, weights
 from ...training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
 from ...training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch
 from ...utils.device import memory_limited_by, to_device
-from ...utils.images import to_uint8
+from ...utils.images import as_floats, to_uint8
 from ..base import CPU_PROTOCOL, DiffusionMethod, Paper, register
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
@@ -213,7 +213,7 @@ class DPSAD(DiffusionMethod):
         train = context.dataset.train
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._student_inputs(context, teacher, train.images[indices], train.labels[indices],
+            return self._student_inputs(context, teacher, as_floats(train.images[indices]), train.labels[indices],
                                         context.example_generator)
 
         return make_batch

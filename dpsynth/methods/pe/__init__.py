@@ -35,6 +35,7 @@ from ...privacy.mechanisms import release_counts
 from ...privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from ...runs import LOG
 from ...training.context import RunContext
+from ...utils.images import as_floats
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
@@ -311,7 +312,7 @@ def _random_part(api: ImageAPI, label: int, part: range, generator: torch.Genera
 
 def class_embeddings(data: ImageSet, num_classes: int, embed: Embedding) -> list[torch.Tensor]:
     """The embeddings of each class's images: class c's private samples vote only in class c's histogram."""
-    return [embed(data.images[data.labels == label]) for label in range(num_classes)]
+    return [embed(as_floats(data.images[data.labels == label])) for label in range(num_classes)]
 
 
 def apportion(total: int, shares: torch.Tensor) -> list[int]:
