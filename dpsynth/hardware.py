@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, EvaluationSection, RunSettings, SamplingSettings
+from .config import Config, EvaluationSection, PrivacySettings, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -90,9 +90,10 @@ def _image_steps(config: Config) -> int:
 
 
 def _side(config: Config) -> int:
-    """The release's side where the config states it (:data:`COMPILE_SIDE` for ``auto``)."""
+    """The release's side: declared, else the DP vote's (``privacy.noisy_shape``), else :data:`COMPILE_SIDE`."""
     resolution = config.get("dataset", {}).get("resolution")
-    return resolution if isinstance(resolution, int) else COMPILE_SIDE
+    voted = PrivacySettings.of(config).noisy_shape
+    return resolution if isinstance(resolution, int) else int(voted[1]) if voted else COMPILE_SIDE
 
 
 def _bf16_settings(config: Config) -> list[tuple[str, Any]]:

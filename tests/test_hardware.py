@@ -55,6 +55,14 @@ def test_no_preset_fixes_a_hardware_dependent_setting():
             assert config["run"]["threads"] == "auto"
 
 
+def test_the_logged_compile_choice_counts_the_voted_side():
+    config = resolve_config("dpdm", preset="cpu", overrides=["sampling.num_samples=1000", "sampling.bf16=false"])
+    work = 1000 * config["diffusion"]["sample_steps"]
+    assert work < 50_000 and not hardware_choices(config, torch.device("cpu"))["choices"]["sampling.compile"]["value"]
+    config["privacy"]["noisy_shape"] = [3, 128]  # what a folder's shape vote writes
+    assert hardware_choices(config, torch.device("cpu"))["choices"]["sampling.compile"]["value"]
+
+
 def test_bad_hardware_settings_are_refused_when_the_config_is_built():
     with pytest.raises(ConfigError, match="dpsgd.bf16 must be auto, true or false"):
         resolve_config("dpdm", overrides=["dpsgd.bf16=maybe"])
