@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +164,19 @@ def test_measured_plans_tabulate_runs_and_refusals_with_their_cpu(tmp_path):
     (refused / "run.out").write_text("Traceback ...\n")
     with pytest.raises(DpsynthError, match="photos-128-10m: not a finished measurement"):
         plans.table(tmp_path)
+
+
+def test_a_measured_plan_evaluated_with_one_classifier_seed_says_so(tmp_path):
+    one_seed = tmp_path / "photo-patches-16k"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-auto" / one_seed.name,
+                    one_seed, ignore=shutil.ignore_patterns("*.png", "*.html", "*.npz", "*.pt"))
+    (metrics_file,) = one_seed.glob("*/metrics.json")
+    metrics = json.loads(metrics_file.read_text())
+    metrics["accuracy"]["cnn"].update(test_accuracy=0.71, test_accuracy_std=0.0,
+                                      seeds=metrics["accuracy"]["cnn"]["seeds"][:1])
+    metrics_file.write_text(json.dumps(metrics))
+    assert "| 71.0 % (1 seed) | 287.0 |" in plans.table(tmp_path)  # not a spread of 0.0 over one classifier
+    assert plans.quote(one_seed, "cnn") == "71.0 % (1 seed)"
 
 
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):

@@ -53,6 +53,7 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
             "budget": plan.time_budget if expected else None,
             "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),
+            "cnn_seeds": len(cnn.get("seeds", [])),
             "fid_infinity": metrics.get("fid_infinity")}
 
 
@@ -72,8 +73,13 @@ def quote(folder: Path, key: str) -> str:
 
 
 def _outcome(row: dict[str, Any]) -> str:
-    """CNN accuracy and FID-inf cells of a row."""
-    accuracy = "–" if row["cnn"] is None else f"{100 * row['cnn']:.1f} ± {100 * (row['cnn_std'] or 0):.1f} %"
+    """CNN accuracy (mean ± std over its classifier seeds, or the one seed's, said) and FID-inf cells of a row."""
+    if row["cnn"] is None:
+        accuracy = "–"
+    elif row["cnn_seeds"] == 1:
+        accuracy = f"{100 * row['cnn']:.1f} % (1 seed)"
+    else:
+        accuracy = f"{100 * row['cnn']:.1f} ± {100 * (row['cnn_std'] or 0):.1f} %"
     return accuracy + " | " + ("–" if row["fid_infinity"] is None else f"{row['fid_infinity']:.1f}")
 
 
