@@ -21,6 +21,7 @@ from .config import (
     DatasetSettings,
     PlanSettings,
     PrivacySettings,
+    ReleaseSettings,
     RunSettings,
     build_config,
     choice_setting,
@@ -31,6 +32,7 @@ from .config import (
 from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .data.registry import SplitSize, dataset_shape_votes, held_out, train_size
 from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
+from .generators import Generator, read_generator
 from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
 from .privacy import (
@@ -47,6 +49,7 @@ from .privacy import (
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.mechanisms import noisy_count
 from .privacy.randomness import SecretStream, stream_key
+from .runs import MODEL_CARD, RELEASE
 from .utils.device import pick_device
 
 # The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
@@ -102,6 +105,9 @@ def validate_config(config: Config) -> None:
     get_source(DatasetSettings.of(config).name)
     hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false
     check_threads(run.threads)
+    refusal = get_method(config["method"]).no_generator
+    if ReleaseSettings.of(config).model and refusal:
+        raise ConfigError(f"release.model: {config['method']} {refusal}")
 
 
 def check_stored_config(config: Config, source: str) -> None:
@@ -327,3 +333,15 @@ def synthetic_dataset(path: str | Path) -> TensorDataset:
     images = release.image_set()
     soft = release.soft_label_tensor()
     return TensorDataset(images.images, images.labels, *([] if soft is None else [soft]))
+
+
+def load_generator(release_dir: str | Path, device: str = "auto") -> Generator:
+    """The generator a release holds (a run with ``release.model: true`` writes it), on ``device`` (auto: CUDA when
+    present), with the release's privacy report as ``.privacy``; a run directory stands for its ``release/``
+    folder. Its ``sample(n, labels=None)`` draws images in [0, 1] and their labels, reading no private data: any
+    number of them keeps the release's (epsilon, delta). DpsynthError when the folder holds no model or its files
+    are not those its privacy.json lists."""
+    path = Path(release_dir)
+    if not (path / Path(MODEL_CARD).name).is_file() and (path / MODEL_CARD).is_file():
+        path = path / RELEASE
+    return read_generator(path, pick_device(device))

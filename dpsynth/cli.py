@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import PlanSettings, RunSettings, build_config, parse_overrides
-from .diffusion.settings import PretrainSettings
+from .config import PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
+from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditFailure, DpsynthError
 from .methods import METHODS, shortcuts
 from .provenance import version_line
@@ -201,7 +201,9 @@ def _run(args: argparse.Namespace) -> None:
             resumable(args.resume)
             _run_processes(args)
             return
-        run = resume(args.resume, parse_overrides(args.set + ([f"run.device={args.device}"] if args.device else [])))
+        extra = [f"run.device={args.device}"] if args.device else []
+        extra += ["release.model=true"] if args.release_model else []
+        run = resume(args.resume, parse_overrides(args.set + extra))
     elif not args.method:
         raise DpsynthError("dpsynth run needs a METHOD (or --resume RUN_DIR)")
     elif args.epsilon is None:
@@ -266,6 +268,62 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise DpsynthError(f"{path}: no such run directory or .npz file")
     print(_format_metrics(metrics))
     print(f"metrics and pictures: {out}")
+
+
+def _sample(args: argparse.Namespace) -> None:
+    import torch
+
+    from .api import load_generator
+    from .generators import DiffusionGenerator
+    from .runs import inside_release, write_synthetic
+
+    if (args.images is None) == (not args.per_class):
+        raise DpsynthError("dpsynth sample needs --images N or --per-class CLASS=COUNT (one of them)")
+    counts = _per_class(args.per_class) if args.per_class else None
+    total = args.images if args.images is not None else sum(counts.values()) if counts else 0
+    out = Path(args.out or f"sampled-{total}.npz")
+    if out.suffix != ".npz":
+        raise DpsynthError(f"--out {out}: the images are written as an .npz file; give a name ending in .npz")
+    if inside_release(out) is not None:
+        raise DpsynthError(f"--out {out}: that is inside a run's release/ folder, which holds only what its "
+                           "privacy.json lists; write the new images elsewhere")
+    if out.exists():
+        raise DpsynthError(f"--out {out}: the file exists; give another name (nothing is overwritten)")
+    generator = load_generator(args.release, args.device or "auto")
+    sampler = {key: value for key, value in (("sampler", args.sampler), ("sample_steps", args.sample_steps),
+                                             ("guidance", args.guidance)) if value is not None}
+    if sampler:
+        if not isinstance(generator, DiffusionGenerator):
+            raise DpsynthError(f"--sampler, --sample-steps and --guidance set a diffusion model's sampler; this "
+                               f"release holds a {generator.kind} generator")
+        generator = generator.with_sampler(**sampler)
+    print(generator.describe())
+    random = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    samples = generator.sample(args.images, generator=random, per_class=counts,
+                               settings=SamplingSettings(batch_size=args.batch_size))
+    grid = out.with_suffix(".png")
+    write_synthetic(out, samples.images, samples.labels, generator.class_names, grid=grid)
+    print(f"wrote {len(samples.labels):,} images to {out} (one row per class: {grid}); drawing from the released "
+          "model is post-processing: the release's epsilon holds for them")
+
+
+def _per_class(items: list[str]) -> dict[str | int, int]:
+    """``CLASS=COUNT`` items (repeated, or joined by commas) as class -> count; DpsynthError for another form."""
+    counts: dict[str | int, int] = {}
+    for item in ",".join(items).split(","):
+        name, sep, number = item.strip().rpartition("=")
+        if not sep or not name or not number.strip().isdigit():
+            raise DpsynthError(f"--per-class expects CLASS=COUNT (a class name or number, a whole number of images), "
+                               f"got {item.strip()!r}")
+        counts[name] = counts.get(name, 0) + int(number)
+    return counts
+
+
+def _positive(text: str) -> int:
+    """An argument that must be a whole number above 0."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}")
+    return int(text)
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -341,6 +399,9 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
                              "e.g. 45m or 2h (default: 30m; plan.time_budget)")
     for option, (key, text, metavar) in shortcuts().items():  # the methods' own (Method.shortcuts)
         parser.add_argument(option, metavar=metavar, help=f"{text} ({key})")
+    parser.add_argument("--release-model", action="store_true",
+                        help="release the trained generator beside the images (model.safetensors, model.json), so "
+                             "`dpsynth sample` draws more later at no further epsilon (release.model)")
     parser.add_argument("--allow-non-private", action="store_true",
                         help="a configuration that uses the private data without noise (e.g. DP-SAD's "
                              "teacher.training=non-private); its release has NO DP guarantee (run.allow_non_private)")
@@ -358,6 +419,7 @@ def _method_overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` pairs, then the shortcut options as ``key=value`` (they win)."""
     pairs = [(key, value) for _, key, value in _shortcut_values(args)]
     pairs.append(("run.allow_non_private", "true" if args.allow_non_private else None))
+    pairs.append(("release.model", "true" if args.release_model else None))
     return args.set + [f"{key}={value}" for key, value in pairs if value]
 
 
@@ -438,6 +500,29 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(evaluate, "evaluation.classifier_seeds=1")
     evaluate.set_defaults(handler=_evaluate)
+
+    sample = commands.add_parser("sample", help="draw new images from a released model (a run with --release-model); "
+                                                "no private data is read and no epsilon spent")
+    sample.add_argument("release", metavar="RELEASE_DIR",
+                        help="a release folder holding model.json and model.safetensors (or its run directory)")
+    sample.add_argument("--images", type=_positive, metavar="N", help="how many images, the classes in turn")
+    sample.add_argument("--per-class", action="append", default=[], metavar="CLASS=COUNT",
+                        help="how many images of a class (its name or number; repeatable, or joined by commas), "
+                             "instead of --images")
+    sample.add_argument("--out", help="the .npz to write, in the release format, with a .png of one row per class "
+                                      "beside it (default: sampled-N.npz here; never inside a release folder)")
+    sample.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    sample.add_argument("--batch-size", type=_positive, default=SamplingSettings.batch_size,
+                        help="images per sampling call")
+    sample.add_argument("--seed", type=int, help="seed of the images' randomness, to draw the same images again "
+                                                 "(default: fresh from the OS; either way nothing private depends on "
+                                                 "it)")
+    sample.add_argument("--sampler", choices=SAMPLER_NAMES, help="a diffusion model's sampler (default: the run's)")
+    sample.add_argument("--sample-steps", type=_positive, metavar="N",
+                        help="a diffusion model's sampling steps (default: the run's)")
+    sample.add_argument("--guidance", type=float, metavar="W",
+                        help="a diffusion model's classifier-free guidance weight, 0 for none (default: the run's)")
+    sample.set_defaults(handler=_sample)
 
     bench = commands.add_parser("bench", help="run methods x datasets x epsilons alike and tabulate the results")
     bench.add_argument("--methods", nargs="+", required=True, help=f"all, or some of: {', '.join(sorted(METHODS))}")

@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-SCHEMA = 2  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+SCHEMA = 3  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
 
 
 S = TypeVar("S")
@@ -145,6 +145,15 @@ class SamplingSettings(Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReleaseSettings(Section):
+    """The ``release`` section: what the release holds beside the synthetic images; ``model``: the trained generator
+    they were sampled from (``model.safetensors`` and ``model.json``), for the methods that train one."""
+
+    section: ClassVar[str] = "release"
+    model: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvaluationSection(Section):
     """The ``evaluation`` section: whether a run evaluates its release and how (a ``protocol`` other than
     ``dpsynth`` fixes the keys it names); Inception metrics on ``num_synthetic`` and ``num_real`` images, downstream
@@ -186,7 +195,7 @@ def section_defaults(kind: type) -> Config:
 
 
 SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,
-                                              SamplingSettings, EvaluationSection)
+                                              SamplingSettings, ReleaseSettings, EvaluationSection)
 BASE_CONFIG: Config = {kind.section: section_defaults(kind) for kind in SHARED_SECTIONS}
 
 
@@ -346,13 +355,14 @@ SCHEMA_0_METHOD_KEYS = {"model.init_from": None, "model.class_start": "shared", 
 def migrate(config: Config, source: str) -> Config:
     """``config`` as :data:`SCHEMA`: an older one gets every shared key it lacks with its default (schema 1 lacks
     ``dataset.window``, ``dataset.cache_dir``, ``dataset.title``, ``dataset.description`` and
-    ``privacy.noisy_window``: its 16-bit images were not read, so the
-    defaults keep its behaviour), and one without ``schema`` (schema 0) :data:`SCHEMA_0_METHOD_KEYS` in the method
-    sections it has; ConfigError naming ``source`` and the fix for a schema this dpsynth does not know."""
+    ``privacy.noisy_window``: its 16-bit images were not read, so the defaults keep its behaviour; schema 2 lacks
+    ``release.model``, false as its runs released no model), and one without ``schema`` (schema 0)
+    :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the fix for a
+    schema this dpsynth does not know."""
     version = config.get("schema", 0)
     if version == SCHEMA:
         return config
-    if version not in (0, 1):
+    if version not in (0, 1, 2):
         raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
                           "read it with the dpsynth that wrote it, or upgrade dpsynth")
     migrated: Config = {"schema": SCHEMA, **{key: copy.deepcopy(value) for key, value in config.items()

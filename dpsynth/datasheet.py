@@ -10,6 +10,7 @@ import numpy as np
 from .api import SHAPE_STAGE
 from .config import DatasetSettings
 from .data import DatasetInfo
+from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
 
 SIZE_RULES = {"published": "the standard split's published size", "declared": "declared public by the data holder",
@@ -17,20 +18,22 @@ SIZE_RULES = {"published": "the standard split's published size", "declared": "d
 
 
 def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
-              soft_labels: bool, dataset: DatasetSettings) -> str:
+              soft_labels: bool, dataset: DatasetSettings, model: Generator | None = None) -> str:
     """The datasheet's Markdown: the holder's title and description, what the release is, its guarantee (in
-    numbers and in plain words), what was public, images per class, and what it is not."""
+    numbers and in plain words), the generator when ``model`` is released with the images, what was public, images
+    per class, and what it is not."""
     title = dataset.title or f"Synthetic images imitating `{info.name}`, made with {method.name}"
     return "\n".join([
         f"# {title}", "", *([dataset.description, ""] if dataset.description else []),
         "A differentially private synthetic release made by dpsynth. The files this folder's `privacy.json` lists "
         "by SHA-256, and `privacy.json` itself, are the release and may be shared; anything else put here is not.",
-        "", *_what(report, method, info, labels, soft_labels), "", *_guarantee(report), "", *_plainly(report, info),
-        "", *_public(report, info), "", *_per_class(info, labels, method), "", *_not(report), ""])
+        "", *_what(report, method, info, labels, soft_labels, model), "", *_guarantee(report), "",
+        *_plainly(report, info), "", *_model(report, model), *_public(report, info), "",
+        *_per_class(info, labels, method), "", *_not(report), ""])
 
 
 def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
-          soft_labels: bool) -> list[str]:
+          soft_labels: bool, model: Generator | None) -> list[str]:
     shape = " x ".join(map(str, info.shape))
     arrays = "`images` (uint8, N x C x H x W), `labels`, `class_names`" + (
         ", `soft_labels` and `soft_label_temperature` (the teacher's class probabilities)" if soft_labels else "")
@@ -38,6 +41,8 @@ def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.
     return ["## What it is", "",
             f"- {len(labels):,} synthetic images of {shape} (C x H x W) in `synthetic.npz`: arrays {arrays}; "
             "`samples.png` shows one row per class.",
+            *([f"- The generator they were sampled from, in `{MODEL_WEIGHTS}` and `{CARD}` (see The model)."]
+              if model is not None else []),
             f"- They imitate the training split of `{info.name}` ({info.num_classes} classes).",
             f"- Method: `{method.name}`, {method.description}.",
             f"- {method.paper.markdown().removeprefix('**Paper:** ')}",
@@ -92,6 +97,29 @@ def _plainly(report: dict[str, Any], info: DatasetInfo) -> list[str]:
                  "images, not a proof of privacy. The proof is the (ε, δ) above; a release can pass that check and "
                  "still leak, or look close to a real image and be private.")
     return lines
+
+
+def _model(report: dict[str, Any], model: Generator | None) -> list[str]:
+    """What the released generator is, that its (epsilon, delta) is the release's whatever is drawn from it, and
+    how to draw more; nothing without one."""
+    if model is None:
+        return []
+    tensors = model.tensors()
+    parameters = sum(value.numel() for value in tensors.values())
+    guarantee = (f"(ε, δ) = ({report['epsilon']:.4f}, {report['delta']:.3g}), the release's" if report["dp_guarantee"]
+                 else "no differential-privacy guarantee, as the images")
+    return ["## The model", "",
+            f"- `{MODEL_WEIGHTS}` and `{CARD}`: the {model.method} {model.kind} generator, {parameters:,} numbers in "
+            f"{len(tensors)} tensors: {model.contents()}. Nothing else is in them: no optimiser state, no noise, no "
+            "other statistic of the data.",
+            f"- It carries {guarantee}: it was trained only through the mechanisms above, and whatever is computed "
+            "from it is post-processing. Any number of images drawn from it later, with any class balance or "
+            "sampler, keeps that guarantee and spends nothing more.",
+            "- It shows more than a fixed set of images does (anyone holding it can read its weights and draw "
+            "without limit); the guarantee covers all of that alike.",
+            "- Draw more with `dpsynth sample THIS_FOLDER --images 100000 --out more.npz` (`--per-class CLASS=COUNT` "
+            "for another balance; CPU or GPU), or in Python `dpsynth.api.load_generator(THIS_FOLDER).sample(100000)`. "
+            "Both first check the two files against `privacy.json`.", ""]
 
 
 def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:

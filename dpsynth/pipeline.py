@@ -26,6 +26,7 @@ from .api import (
     plan_budget_for,
     planned_config,
     resolve_delta,
+    validate_config,
     with_noisy_shape,
     with_public_size,
 )
@@ -35,6 +36,7 @@ from .config import (
     DatasetSettings,
     PlanSettings,
     PrivacySettings,
+    ReleaseSettings,
     RunSettings,
     SamplingSettings,
     build_config,
@@ -108,9 +110,9 @@ def resumable(path: str) -> RunDirectory:
     return run
 
 
-# What a resumed run of any method may change: where and in what chunks it computes, never what (the privacy plan,
-# the model); a method adds its own (Method.resume_settings).
-RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "*.physical_batch_size")
+# What a resumed run of any method may change: where and in what chunks it computes and whether the release holds
+# the model, never what it computes (the privacy plan, the model); a method adds its own (Method.resume_settings).
+RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "*.physical_batch_size", "release.model")
 
 
 def resume_settings(config: Config) -> tuple[str, ...]:
@@ -142,6 +144,7 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
             raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(allowed)} (where and "
                               "in what chunks it computes); the rest of its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
+    validate_config(config)  # release.model=true for a method that has no model to release, say
     dataset = dataset_from_config(config)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
     world = World.from_environment(pick_device(RunSettings.of(config).device))
@@ -268,8 +271,11 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     seconds = round(time.perf_counter() - start, 1)
     run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
                      method.soft_label_temperature())
+    model = method.trained_generator() if ReleaseSettings.of(config).model else None
+    if model is not None:
+        model.save(run.file(RELEASE), report["dpsynth"])
     run.write_datasheet(datasheet(report, method, dataset.info, generated.labels.cpu().numpy(),
-                                  generated.soft_labels is not None, DatasetSettings.of(config)))
+                                  generated.soft_labels is not None, DatasetSettings.of(config), model))
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)

@@ -47,6 +47,7 @@ METHOD_METRICS = "method_metrics.json"
 RELEASE = "release"
 PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
 DATASHEET = f"{RELEASE}/README.md"
+MODEL, MODEL_CARD = f"{RELEASE}/model.safetensors", f"{RELEASE}/model.json"  # the generator, with release.model
 MANIFEST = "release_files"  # privacy.json's key: the SHA-256 of each file the release step wrote
 CHECKPOINT_LAYOUT = 2  # 1: each method laid its checkpoint out its own way (dpsynth 0.1.0 before the Checkpoint)
 
@@ -199,8 +200,8 @@ class RunDirectory:
 
     def write_privacy_report(self, report: dict[str, Any]) -> None:
         """Write privacy.json (once, at the release): ``report`` with the manifest of the files released beside it."""
-        manifest = {Path(name).name: sha256(self.file(name)) for name in (SYNTHETIC, SAMPLES, DATASHEET)
-                    if self.file(name).is_file()}
+        manifest = {Path(name).name: sha256(self.file(name))
+                    for name in (SYNTHETIC, SAMPLES, MODEL, MODEL_CARD, DATASHEET) if self.file(name).is_file()}
         atomic_write_json(self.file(PRIVACY), {**report, MANIFEST: manifest})
 
     def write_datasheet(self, text: str) -> None:
@@ -227,17 +228,26 @@ class RunDirectory:
 
     def save_release(self, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                      soft_labels: torch.Tensor | None = None, soft_label_temperature: float = 1.0) -> None:
-        """Write synthetic.npz (uint8 images, int labels, optional soft labels at their temperature) and
-        samples.png."""
-        pixels, hard = to_uint8(images), labels.detach().cpu().numpy().astype(np.int64)
-        arrays: dict[str, Any] = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
-        if soft_labels is not None:
-            arrays["soft_labels"] = soft_labels.detach().float().cpu().numpy()
-            arrays["soft_label_temperature"] = np.float64(soft_label_temperature)
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
-        atomic_write(self.file(SYNTHETIC), lambda handle: handle.write(buffer.getvalue()))
-        save_png(class_grid(pixels, hard, len(class_names)), self.file(SAMPLES))
+        """Write synthetic.npz (:func:`write_synthetic`) and samples.png."""
+        write_synthetic(self.file(SYNTHETIC), images, labels, class_names, soft_labels, soft_label_temperature,
+                        self.file(SAMPLES))
+
+
+def write_synthetic(path: Path, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+                    soft_labels: torch.Tensor | None = None, soft_label_temperature: float = 1.0,
+                    grid: Path | None = None) -> None:
+    """Write ``path`` in the release format (uint8 images, int labels, class names, optional soft labels at their
+    temperature) and, given ``grid``, a picture of one row per class there."""
+    pixels, hard = to_uint8(images), labels.detach().cpu().numpy().astype(np.int64)
+    arrays: dict[str, Any] = {"images": pixels, "labels": hard, "class_names": np.asarray(class_names)}
+    if soft_labels is not None:
+        arrays["soft_labels"] = soft_labels.detach().float().cpu().numpy()
+        arrays["soft_label_temperature"] = np.float64(soft_label_temperature)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
+    if grid is not None:
+        save_png(class_grid(pixels, hard, len(class_names)), grid)
 
 
 def _without_keys(value: Any) -> Any:

@@ -12,6 +12,7 @@ import torch
 from ..config import Config, SamplingSettings, section_defaults
 from ..data import DatasetInfo
 from ..errors import ConfigError
+from ..generators import Generator
 from ..privacy import PlannedStage
 from ..training.context import RunContext
 from ..training.diffusion import DiffusionTrainer
@@ -75,6 +76,10 @@ class Method(ABC):
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)
     releases_soft_labels: ClassVar[bool] = False
+    # Why ``release.model`` cannot apply when its release is not sampled from a generator it trained only through
+    # the ledger's mechanisms (None: :meth:`trained_generator` gives that generator).
+    no_generator: ClassVar[str | None] = ("gives no trained generator to write (a method that has one returns it from "
+                                          "trained_generator and sets no_generator = None)")
     needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
@@ -136,6 +141,11 @@ class Method(ABC):
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """``num_samples`` images in [0, 1] with labels (and soft labels or None); no private data is read."""
 
+    def trained_generator(self) -> Generator:
+        """The fitted generator :meth:`generate` samples from (``release.model`` writes it); a method that has
+        none says why in ``no_generator``."""
+        raise NotImplementedError(f"{self.name}: {self.no_generator}")
+
 
 def register(cls: type[Method]) -> type[Method]:
     """Class decorator adding a method to the registry (``dpsynth.methods.METHODS``) under its ``name``."""
@@ -150,6 +160,7 @@ class DiffusionMethod(Method):
     phases. ``class_starts`` are the ``model.class_start`` values it implements."""
 
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")
+    no_generator = None
     shortcuts = {"--init-from": ("model.init_from", "start the diffusion model from one pre-trained on public data "
                                                     "(dpsynth pretrain --for METHOD)", "DIR")}
 
@@ -166,8 +177,11 @@ class DiffusionMethod(Method):
         return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections), shape, num_classes,
                                    device)
 
-    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
+    def trained_generator(self) -> Generator:
         if self.model is None or self.info is None:
-            raise RuntimeError("generate() needs a fitted model: call fit() first")
-        images, labels, sampling = self.trainer.generate(self.model, self.info, num_samples, generator)
-        return Release(images, labels, sampling=sampling)
+            raise RuntimeError("the release needs a fitted model: call fit() first")
+        return self.trainer.generator(self.model, self.info, self.name)
+
+    def generate(self, num_samples: int, generator: torch.Generator) -> Release:
+        samples = self.trained_generator().sample(num_samples, generator=generator, settings=self.sampling)
+        return Release(samples.images, samples.labels, sampling=samples.sampling)

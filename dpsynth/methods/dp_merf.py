@@ -17,6 +17,7 @@ import torch
 
 from ..config import section_settings
 from ..data import DatasetInfo
+from ..generators import Generator, OneStepArchitecture, OneStepGenerator
 from ..models.generator import ConditionalGenerator
 from ..privacy import GaussianMechanism, PlannedStage
 from ..privacy.fourier_features import FrequencySettings, RandomFourierFeatures, released_class_means
@@ -43,6 +44,7 @@ class DPMERF(Method):
                   "International Conference on Artificial Intelligence and Statistics (AISTATS)", 2021,
                   "https://arxiv.org/abs/2002.11603")
     sections = {"frequency": FrequencySettings, "generator": GeneratorSettings}
+    no_generator = None
     presets = {
         # DPImageBench's DP-MERF (F-MNIST / MNIST): 10,000 features at bandwidth 105, 5 epochs of batch 100,
         # Adam 0.01 decayed by 0.9 per epoch; accounted with RDP as it reports.
@@ -57,6 +59,7 @@ class DPMERF(Method):
         self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
         self.generator_settings = section_settings(GeneratorSettings, config, "generator")
         self.generator: ConditionalGenerator | None = None
+        self.info: DatasetInfo | None = None
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [PlannedStage(MEANS_STAGE, calibrated=GaussianMechanism)]
@@ -72,7 +75,7 @@ class DPMERF(Method):
             context.noise))
         generator = self.generator_settings.build(info).to(context.device)
         generator.load_state_dict(context.released("generator", lambda: self._fitted(context, generator, rff, means)))
-        self.generator = generator
+        self.generator, self.info = generator, info
         if context.world.is_main:
             preview = generated_set(generator, 10 * info.num_classes, self.generator_settings.batch_size,
                                     context.device, torch.Generator().manual_seed(0))
@@ -86,9 +89,13 @@ class DPMERF(Method):
         context.log("generator", loss_per_epoch=losses)
         return weights(generator)
 
+    def trained_generator(self) -> Generator:
+        if self.generator is None or self.info is None:
+            raise RuntimeError("the release needs a fitted generator: call fit() first")
+        settings = self.generator_settings
+        return OneStepGenerator(self.generator, self.info.shape, self.info.class_names, self.name,
+                                OneStepArchitecture(latent=settings.latent, width=settings.width))
+
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
-        if self.generator is None:
-            raise RuntimeError("generate() needs a fitted generator: call fit() first")
-        device = next(self.generator.parameters()).device
-        release = generated_set(self.generator, num_samples, self.sampling.batch_size, device, generator)
-        return Release(release.images.clamp(0, 1), release.labels)
+        samples = self.trained_generator().sample(num_samples, generator=generator, settings=self.sampling)
+        return Release(samples.images, samples.labels)

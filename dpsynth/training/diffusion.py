@@ -1,6 +1,7 @@
 """The diffusion model a method trains with DP-SGD, as one part a method holds: the class-conditional UNet (started
 from a public model when ``model.init_from`` names one), its batches with the noise multiplicity K, resumable
-DP-SGD phases with EMA, warm-up losses, what the planner times and sampling the release. DPDM, PDP-Diffusion,
+DP-SGD phases with EMA, warm-up losses, what the planner times and the trained model as a generator that samples
+the release (:class:`~dpsynth.generators.DiffusionGenerator`). DPDM, PDP-Diffusion,
 DP-FETA, FETA-Pro, PrivImage and DP-SAD each hold one (:class:`DiffusionTrainer`)."""
 from __future__ import annotations
 
@@ -9,22 +10,22 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..config import Config, SamplingSettings, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
 from ..diffusion.ddpm import drop_labels
-from ..diffusion.inference import sampling_inputs, sampling_model
+from ..diffusion.inference import sampling_inputs
 from ..diffusion.pretrain import init_from_public, model_label, public_fingerprints, read_pretraining
 from ..diffusion.settings import DiffusionSettings, UNetSettings
 from ..errors import ConfigError, DataError
+from ..generators import DiffusionGenerator
 from ..hardware import resolve_bf16
 from ..models import build_unet
 from ..privacy import NonPrivateAccess, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
-from ..utils.device import memory_limited_by, to_device
+from ..utils.device import to_device
 from ..utils.images import as_floats
 from .context import RunContext
 from .private import DiffusionDpsgdSection, DpsgdSection, MakeBatch, PrivateTraining
@@ -82,6 +83,10 @@ class DiffusionTrainer:
             self.public_start = init_from_public(model, settings.init_from, info.class_names, self.diffusion,
                                                  class_start=settings.class_start)
         return model.to(device)
+
+    def generator(self, model: torch.nn.Module, info: DatasetInfo, method: str) -> DiffusionGenerator:
+        """The trained ``model`` as the generator that samples the release of ``info``'s shape and classes."""
+        return DiffusionGenerator(model, info.shape, info.class_names, method, self.unet_settings, self.settings)
 
     def log_public_start(self, context: RunContext) -> None:
         if self.public_start:
@@ -194,25 +199,3 @@ class DiffusionTrainer:
             probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(k),
                                           settings.physical_batch_size, bf16, self.diffusion.example_losses), k)
         return Probes(probes, sampling, public_training if public else None)
-
-    def generate(self, model: torch.nn.Module, info: DatasetInfo, num_samples: int, generator: torch.Generator
-                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """``num_samples`` images of ``model``, classes in turn, in chunks of ``sampling.batch_size``: the images,
-        their labels and how sampling ran."""
-        settings = self.settings
-        labels = torch.arange(num_samples) % info.num_classes
-        model.eval()
-        batch_size = self.sampling.batch_size
-        chunks = labels.split(batch_size)
-        work = num_samples * settings.sample_steps
-        rows = len(chunks[0]) * (2 if settings.guidance else 1)  # one sampling call's inputs, doubled under guidance
-        with memory_limited_by("sampling.batch_size", batch_size, "sampling the release"), \
-                sampling_model(model, self.sampling, work,
-                               sampling_inputs(rows, info.shape, self.diffusion.timesteps)) as chosen:
-            images = torch.cat([
-                self.diffusion.sample(chosen.model, chunk, info.shape, info.num_classes, settings.sample_steps,
-                                      settings.guidance, generator, settings.sampler, chosen.device,
-                                      settings.guidance_interval)
-                for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
-            ])
-        return images, labels, chosen.report()

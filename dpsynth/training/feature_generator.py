@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ..config import positive
 from ..data import DatasetInfo, ImageSet
+from ..generators import balanced_labels, one_step_images
 from ..models.generator import ConditionalGenerator
 from ..privacy.fourier_features import RandomFourierFeatures
 
@@ -35,11 +36,6 @@ class GeneratorSettings:
     def build(self, info: DatasetInfo) -> ConditionalGenerator:
         """A generator of ``info``'s images and classes."""
         return ConditionalGenerator(info.channels, info.height, info.width, info.num_classes, self.latent, self.width)
-
-
-def balanced_labels(count: int, num_classes: int) -> torch.Tensor:
-    """0, 1, ..., num_classes - 1, 0, 1, ... (``count`` labels)."""
-    return torch.arange(count) % num_classes
 
 
 def feature_matching_loss(images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor,
@@ -79,8 +75,5 @@ def fit_generator(generator: ConditionalGenerator, targets: torch.Tensor, rff: R
 def generated_set(generator: ConditionalGenerator, count: int, batch_size: int, device: torch.device,
                   rng: torch.Generator) -> ImageSet:
     """``count`` class-balanced images of ``generator`` (eval mode), on the CPU."""
-    generator.eval()
     labels = balanced_labels(count, generator.num_classes)
-    images = [generator(torch.randn((len(chunk), generator.latent), generator=rng).to(device), chunk.to(device)).cpu()
-              for chunk in labels.split(batch_size)]
-    return ImageSet(torch.cat(images), labels)
+    return ImageSet(one_step_images(generator, labels, batch_size, device, rng), labels)

@@ -85,6 +85,8 @@ class DPImgSyn(Method):
     dpsgd_sections = ("teacher",)
     unestimated_phases = ("the DP statistics", "the alignment of public images")
     releases_soft_labels = True
+    no_generator = ("trains no generator: its release is public images aligned to the DP teacher's statistics, and "
+                    "its DP model is a classifier")
     description = "DP-ImgSyn: public images aligned to a DP teacher's DP statistics, released with soft labels"
     paper = Paper("Efstathia Soufleri, Deepak Ravikumar, Kaushik Roy",
                   "DP-ImgSyn: Dataset Alignment for Obfuscated, Differentially Private Image Synthesis",

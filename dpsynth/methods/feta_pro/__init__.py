@@ -14,12 +14,12 @@ import torch
 
 from ...config import Config, PrivacySettings, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
+from ...generators import balanced_labels
 from ...privacy import PlannedStage
 from ...privacy.fourier_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
 from ...training.context import RunContext
 from ...training.feature_generator import (
     GeneratorSettings,
-    balanced_labels,
     feature_matching_loss,
     fit_generator,
     generated_set,

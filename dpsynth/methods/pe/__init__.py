@@ -102,6 +102,8 @@ class PrivateEvolution(Method):
     shortcuts = {"--api": ("api.name", "PE: the foundation-model API, drawtext or diffusion", None),
                  "--api-model": ("api.model", "PE: the diffusers model directory of the diffusion API", None)}
     unestimated_phases = ("the API's generation and the votes",)
+    no_generator = ("trains no generator: its release is the population the DP votes selected from a public "
+                    "model's images, and that model never read the private data; release more by running it again")
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
     paper = Paper("Zinan Lin, Sivakanth Gopi, Janardhan Kulkarni, Harsha Nori, Sergey Yekhanin",
                   "Differentially Private Synthetic Data via Foundation Model APIs 1: Images",

@@ -1,0 +1,155 @@
+"""The released generator (``release.model``): the weights a run sampled with, listed in privacy.json, loaded in this
+or a fresh process to draw the same images again or any number more, holding nothing else; methods without a
+generator refuse the option before they run."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import dpsynth_main
+from safetensors.torch import load_file
+
+from dpsynth.api import load_generator, resolve_config
+from dpsynth.config import SamplingSettings
+from dpsynth.doctor import COMMON
+from dpsynth.errors import ConfigError, DpsynthError, PrivacyWarning
+from dpsynth.generators import DiffusionGenerator, OneStepGenerator
+from dpsynth.methods import METHODS
+from dpsynth.methods.base import Method
+from dpsynth.pipeline import start
+from dpsynth.privacy.randomness import secret_generator, stream_key
+from dpsynth.runs import RunDirectory
+from dpsynth.utils.images import to_uint8
+
+SEED = 3  # the runs' user seed: their release stream can then be drawn again here (such a release is not private)
+
+
+def released_run(root: Path, method: str, *extra: str) -> RunDirectory:
+    """A finished smoke run of ``method`` on sklearn's digits that releases its model, its noise seeded."""
+    config = resolve_config(method, dataset="digits", epsilon=5.0, preset="cpu",
+                            overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}",
+                                       "release.model=true", f"run.seed={SEED}", *extra])
+    with pytest.warns(PrivacyWarning, match="run.seed"):
+        return start(config)
+
+
+@pytest.fixture(scope="module")
+def dpdm_run(tmp_path_factory: pytest.TempPathFactory) -> RunDirectory:
+    return released_run(tmp_path_factory.mktemp("runs"), "dpdm")
+
+
+def test_every_method_either_gives_its_generator_or_says_why_not():
+    for name, method in METHODS.items():
+        gives = method.trained_generator is not Method.trained_generator
+        assert gives == (method.no_generator is None), name
+    assert {name for name, method in METHODS.items() if method.no_generator} == {"pe", "dp-imgsyn"}
+
+
+@pytest.mark.parametrize("method", ["pe", "dp-imgsyn"])
+def test_a_method_without_a_generator_refuses_release_model_before_it_runs(method):
+    with pytest.raises(ConfigError, match=f"release.model: {method} trains no generator: its release is"):
+        resolve_config(method, dataset="digits", preset="cpu", overrides=["release.model=true"])
+    done = dpsynth_main("privacy", method, "--dataset", "digits", "--preset", "cpu", "--release-model")
+    assert done.code == 2 and f"release.model: {method} trains no generator" in done.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, kind", [("dpdm", DiffusionGenerator), ("dp-sad", DiffusionGenerator),
+                                          ("dp-merf", OneStepGenerator)])
+def test_the_released_model_draws_the_release_again_and_holds_only_its_weights(tmp_path, dpdm_run, method, kind):
+    run = dpdm_run if method == "dpdm" else released_run(tmp_path, method)
+    release = run.file("release")
+    report = json.loads((release / "privacy.json").read_text())
+    assert {"model.safetensors", "model.json"} <= set(report["release_files"])
+    generator = load_generator(run.path, "cpu")  # a run directory stands for its release folder
+    assert isinstance(generator, kind) and generator.privacy["epsilon"] == report["epsilon"]
+    assert "NOT private" in generator.describe()  # its noise was seeded by the user
+    config = run.config()
+    drawn = generator.sample(config["sampling"]["num_samples"], generator=secret_generator(stream_key(SEED, "release")),
+                             settings=SamplingSettings.of(config))
+    released = np.load(release / "synthetic.npz")
+    assert np.array_equal(to_uint8(drawn.images), released["images"])  # the weights it sampled with (EMA, student)
+    assert np.array_equal(drawn.labels.numpy(), released["labels"])
+    tensors = load_file(release / "model.safetensors")
+    assert set(tensors) == set(generator.module.state_dict())  # the module's parameters and buffers, nothing else
+    assert all(value.dtype in (torch.float32, torch.int64) for value in tensors.values())
+    assert not [name for name in tensors if any(word in name for word in ("optim", "exp_avg", "ema", "noise", "key"))]
+    card = json.loads((release / "model.json").read_text())
+    assert (card["kind"], card["method"], card["image_shape"]) == (kind.kind, method, [1, 8, 8])
+    assert card["class_names"] == [str(digit) for digit in range(10)] and "init_from" not in json.dumps(card)
+    datasheet = (release / "README.md").read_text()
+    assert "## The model" in datasheet and f"(ε, δ) = ({report['epsilon']:.4f}" in datasheet
+
+
+def test_a_generator_draws_counts_labels_and_classes_as_asked(dpdm_run):
+    generator = load_generator(dpdm_run.file("release"), "cpu")
+    assert generator.sample(13).labels.tolist() == [*range(10), 0, 1, 2]
+    assert generator.sample(labels=[7, 7, 2]).images.shape == (3, 1, 8, 8)
+    assert generator.sample(per_class={"3": 2, 9: 1}).labels.tolist() == [3, 3, 9]
+    same = [generator.sample(4, generator=torch.Generator().manual_seed(5)).images for _ in range(2)]
+    assert torch.equal(*same) and 0 <= same[0].min() and same[0].max() <= 1
+    assert not torch.equal(same[0], generator.sample(4).images)  # fresh randomness by default
+    fewer_steps = generator.with_sampler(sampler="ddim", sample_steps=3)
+    assert fewer_steps.diffusion_settings.sample_steps == 3 and generator.diffusion_settings.sample_steps == 2
+    for call, message in ((lambda: generator.sample(labels=[10]), "labels must be class indices 0 to 9"),
+                          (lambda: generator.sample(3, labels=[1]), "3 images asked for, but the labels given make 1"),
+                          (lambda: generator.sample(per_class={"cat": 2}), "no class 'cat'; the classes are 0, 1"),
+                          (lambda: generator.sample(per_class={1: -1}), "count of class 1 must be a whole number"),
+                          (lambda: generator.sample(0), "give a positive number of images"),
+                          (lambda: generator.with_sampler(steps=3), "steps is no sampler setting"),
+                          (lambda: generator.with_sampler(guidance=-1), "diffusion.guidance must be a number of at")):
+        with pytest.raises(ConfigError, match=message):
+            call()
+
+
+@pytest.mark.slow
+def test_dpsynth_sample_draws_in_a_fresh_process_and_refuses_what_it_must_not_write(dpdm_run, tmp_path):
+    out = tmp_path / "more.npz"
+    command = [sys.executable, "-m", "dpsynth", "sample", str(dpdm_run.file("release")), "--images", "25", "--seed",
+               "4", "--device", "cpu"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "dpdm diffusion generator of 1 x 8 x 8 images, 10 classes" in done.stdout
+    assert "wrote 25 images" in done.stdout and out.with_suffix(".png").is_file()
+    drawn = np.load(out)
+    assert drawn["images"].shape == (25, 1, 8, 8) and drawn["images"].dtype == np.uint8
+    assert drawn["labels"].tolist() == [i % 10 for i in range(25)] and drawn["class_names"].tolist()[:2] == ["0", "1"]
+    again = dpsynth_main(*command[3:], "--out", str(tmp_path / "again.npz"))
+    assert again.code == 0 and np.array_equal(np.load(tmp_path / "again.npz")["images"], drawn["images"])
+    picked = dpsynth_main(*command[3:5], "--per-class", "2=3,0=1", "--sampler", "ddim", "--sample-steps", "3",
+                          "--out", str(tmp_path / "picked.npz"))
+    assert picked.code == 0 and np.load(tmp_path / "picked.npz")["labels"].tolist() == [2, 2, 2, 0]
+    refusals = {
+        "inside a run's release/ folder": ["--images", "2", "--out", str(dpdm_run.file("release") / "x.npz")],
+        "the file exists; give another name": ["--images", "2", "--out", str(out)],
+        "needs --images N or --per-class": ["--out", str(tmp_path / "none.npz")],
+        "--per-class expects CLASS=COUNT": ["--per-class", "seven", "--out", str(tmp_path / "bad.npz")],
+    }
+    for message, args in refusals.items():
+        refused = dpsynth_main("sample", str(dpdm_run.file("release")), *args)
+        assert refused.code == 2 and message in refused.err, refused.err
+    assert sorted(path.name for path in dpdm_run.file("release").iterdir()) == [
+        "README.md", "model.json", "model.safetensors", "privacy.json", "samples.png", "synthetic.npz"]
+
+
+def test_a_model_that_is_not_the_released_one_is_refused(dpdm_run, tmp_path):
+    copy = Path(shutil.copytree(dpdm_run.file("release"), tmp_path / "copy"))
+    load_generator(copy, "cpu")  # a copy elsewhere is the release still
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DpsynthError, match="model.safetensors: .*privacy.json lists it with another SHA-256: no "
+                                           "guarantee covers a model that differs"):
+        load_generator(copy, "cpu")
+    (copy / "privacy.json").unlink()
+    with pytest.raises(DpsynthError, match="privacy.json: a released model is loaded from its release folder"):
+        load_generator(copy, "cpu")
+    with pytest.raises(DpsynthError, match="no released model .* --release-model"):
+        load_generator(tmp_path, "cpu")
