@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -287,8 +288,10 @@ def _sample(args: argparse.Namespace) -> None:
     if inside_release(out) is not None:
         raise DpsynthError(f"--out {out}: that is inside a run's release/ folder, which holds only what its "
                            "privacy.json lists; write the new images elsewhere")
-    if out.exists():
-        raise DpsynthError(f"--out {out}: the file exists; give another name (nothing is overwritten)")
+    grid = out.with_suffix(".png")
+    for path in (out, grid):
+        if path.exists():
+            raise DpsynthError(f"--out {out}: {path} exists; give another name (nothing is overwritten)")
     generator = load_generator(args.release, args.device or "auto")
     sampler = {key: value for key, value in (("sampler", args.sampler), ("sample_steps", args.sample_steps),
                                              ("guidance", args.guidance)) if value is not None}
@@ -299,12 +302,15 @@ def _sample(args: argparse.Namespace) -> None:
         generator = generator.with_sampler(**sampler)
     print(generator.describe())
     random = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    start = time.perf_counter()
     samples = generator.sample(args.images, generator=random, per_class=counts,
                                settings=SamplingSettings(batch_size=args.batch_size))
-    grid = out.with_suffix(".png")
+    seconds = time.perf_counter() - start
     write_synthetic(out, samples.images, samples.labels, generator.class_names, grid=grid)
-    print(f"wrote {len(samples.labels):,} images to {out} (one row per class: {grid}); drawing from the released "
-          "model is post-processing: the release's epsilon holds for them")
+    guarantee = ("drawing from the released model is post-processing: the release's (epsilon, delta) holds for them"
+                 if generator.privacy.get("dp_guarantee") else "like the release, they carry no DP guarantee")
+    print(f"wrote {len(samples.labels):,} images, drawn in {seconds:.1f} s, to {out} (one row per class: {grid}); "
+          f"{guarantee}")
 
 
 def _per_class(items: list[str]) -> dict[str | int, int]:

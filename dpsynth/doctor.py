@@ -4,7 +4,8 @@ A run of each method on sklearn's 8 x 8 digits (shipped with scikit-learn: no do
 the first checkpoint that follows a recorded mechanism, as a crash would stop it; ``dpsynth run --resume``'s
 code path continues it to its release. Then: the ledger holds exactly the planned mechanisms, privacy.json's
 epsilon is the accountant's on that ledger and within the target, the release has the planned number of
-images of the dataset's shape and classes, and the run logged a resume on the device asked for. Randomness
+images of the dataset's shape and classes, the run logged a resume on the device asked for, and the model it
+released (every method that has one releases it here) loads on that device and draws images of that shape. Randomness
 is secret as in a real run (no seed). A GPU user runs this first (``dpsynth doctor --device cuda``).
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .api import dataset_from_config, plan_budget_for, resolve_config
-from .config import SamplingSettings
+from .api import dataset_from_config, load_generator, plan_budget_for, resolve_config
+from .config import ReleaseSettings, SamplingSettings
 from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
@@ -32,7 +33,7 @@ from .errors import DpsynthError
 from .methods import get_method
 from .pipeline import execute, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
-from .runs import LOG, PRIVACY, SYNTHETIC, Checkpoint, RunDirectory
+from .runs import LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory
 from .utils.device import pick_device
 
 DATASET, EPSILON = "digits", 8.0
@@ -81,8 +82,9 @@ def check_method(method: str, device: str, root: Path) -> Checkup:
 
 def _run_and_check(method: str, device: str, root: Path) -> str:
     public = _public_model(method, device, root)
+    model = [] if get_method(method).no_generator else ["release.model=true"]
     config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
-                            overrides=[*get_method(method).smoke, *COMMON, *public, f"run.device={device}",
+                            overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}",
                                        f"run.out_dir={root}"])
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
@@ -134,7 +136,18 @@ def _checked(run: RunDirectory, dataset: Dataset, plan: dict, accountant: Accoun
     used = [e["device"] for e in events if e["event"] == "hardware"]
     steps = sum(getattr(event, "steps", 1) for event in ledger.events())
     return (f"{steps} mechanism steps, resumed, epsilon {epsilon:.3f} <= {target:g}, {len(labels)} images "
-            f"released, on {used[-1]}")
+            f"released{_model_drawn(run, expected[1:], used[-1])}, on {used[-1]}")
+
+
+def _model_drawn(run: RunDirectory, shape: tuple[int, ...], device: str) -> str:
+    """With a released model: it loads on ``device`` and draws images of ``shape``; how many, for the summary."""
+    if not ReleaseSettings.of(run.config()).model:
+        return ""
+    drawn = load_generator(run.file(RELEASE), device).sample(7)
+    if tuple(drawn.images.shape[1:]) != shape or not 0 <= float(drawn.images.min()) <= float(drawn.images.max()) <= 1:
+        raise DpsynthError(f"released model: drew images of {tuple(drawn.images.shape)}, expected 7 x {shape} in "
+                           "[0, 1]")
+    return ", its model reloaded and drew 7 more"
 
 
 def _failure(exc: BaseException) -> str:

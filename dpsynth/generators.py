@@ -167,14 +167,11 @@ class Generator(ABC):
         """The module's state (parameters and buffers), fp32 on the CPU: what model.safetensors holds."""
         return {name: value.detach().cpu().contiguous().clone() for name, value in self.module.state_dict().items()}
 
-    def save(self, directory: Path, made_by: dict[str, Any]) -> list[Path]:
-        """Write model.safetensors and model.json (``made_by``: dpsynth's version and commit) into ``directory``;
-        the paths written."""
-        weights, card = directory / MODEL_WEIGHTS, directory / CARD
+    def save(self, directory: Path, made_by: dict[str, Any]) -> None:
+        """Write model.safetensors and model.json (``made_by``: dpsynth's version and commit) into ``directory``."""
         tensors = self.tensors()
-        atomic_write(weights, lambda handle: handle.write(save(tensors, metadata={"format": "pt"})))
-        atomic_write_json(card, {**self.card(), "dpsynth": made_by})
-        return [weights, card]
+        atomic_write(directory / MODEL_WEIGHTS, lambda handle: handle.write(save(tensors, metadata={"format": "pt"})))
+        atomic_write_json(directory / CARD, {**self.card(), "dpsynth": made_by})
 
 
 class DiffusionGenerator(Generator):
@@ -204,17 +201,17 @@ class DiffusionGenerator(Generator):
 
     def _draw(self, labels: torch.Tensor, generator: torch.Generator, settings: SamplingSettings) -> Samples:
         """Chunks of ``settings.batch_size`` images, on the model as :func:`sampling_model` prepares it."""
-        chosen_settings = self.diffusion_settings
+        sampler = self.diffusion_settings
         chunks = labels.split(settings.batch_size)
-        rows = len(chunks[0]) * (2 if chosen_settings.guidance else 1)  # a call's inputs, doubled under guidance
+        rows = len(chunks[0]) * (2 if sampler.guidance else 1)  # a call's inputs, doubled under guidance
         num_classes = len(self.class_names)
         with memory_limited_by("sampling.batch_size", settings.batch_size, "sampling"), \
-                sampling_model(self.module, settings, len(labels) * chosen_settings.sample_steps,
+                sampling_model(self.module, settings, len(labels) * sampler.sample_steps,
                                sampling_inputs(rows, self.shape, self.diffusion.timesteps)) as chosen:
             images = torch.cat([
-                self.diffusion.sample(chosen.model, chunk, self.shape, num_classes, chosen_settings.sample_steps,
-                                      chosen_settings.guidance, generator, chosen_settings.sampler, chosen.device,
-                                      chosen_settings.guidance_interval)
+                self.diffusion.sample(chosen.model, chunk, self.shape, num_classes, sampler.sample_steps,
+                                      sampler.guidance, generator, sampler.sampler, chosen.device,
+                                      sampler.guidance_interval)
                 for chunk in tqdm(chunks, desc="sampling", dynamic_ncols=True)
             ])
         return Samples(images, labels, chosen.report())

@@ -6,7 +6,9 @@ epsilon covers and may be shared; everything else is PRIVATE to the data holder.
 - ``release/synthetic.npz`` and ``release/samples.png``: the release (uint8 images N x C x H x W, labels)
   and its grid, written after the budget check; ``release/privacy.json``: the accountant's report, with the
   SHA-256 of each file the release step wrote (``release_files``): those files, and nothing else that lies in
-  ``release/``, are the release. No other step writes into ``release/``.
+  ``release/``, are the release. No other step writes into ``release/``. With ``release.model``, also
+  ``release/model.safetensors`` and ``release/model.json``: the generator the images were sampled from
+  (:mod:`dpsynth.generators`).
 - ``config.yaml``: the fully resolved config; ``--resume`` reads it back. Its ``hardware`` section says what
   the machine is and what ``auto`` settings (bf16, the fast Inception path) chose on it, and why.
 - ``ledger.json``: every privacy event, appended as mechanisms run.

@@ -74,6 +74,15 @@ def test_a_schema_1_file_reads_as_it_ran_its_16_bit_window_at_the_default():
     assert migrated == config and list(migrated)[0] == "schema"
 
 
+def test_a_schema_2_file_reads_as_it_ran_releasing_no_model():
+    config = resolve_config("dpdm", dataset="digits", preset="cpu")
+    old = {**copy.deepcopy(config), "schema": 2}
+    del old["release"]
+    migrated = load_config(dump_config(old), "config.yaml")
+    check_stored_config(migrated, "config.yaml")
+    assert migrated == config and migrated["release"] == {"model": False}
+
+
 def test_a_newer_schema_is_refused_with_the_fix():
     text = dump_config({**resolve_config("pe", preset="cpu"), "schema": SCHEMA + 1})
     with pytest.raises(ConfigError, match=f"runs/x/config.yaml: schema {SCHEMA + 1}, but this dpsynth reads schema "
@@ -93,6 +102,7 @@ def test_a_newer_schema_is_refused_with_the_fix():
     ("run.threads", True, "run.threads must be a whole number or auto, got True"),
     ("run.threads", 0, "run.threads must be auto or a positive integer, got 0"),
     ("sampling.num_samples", 0, "sampling.num_samples must be a whole number above 0, got 0"),
+    ("release.model", "yes", "release.model must be true or false, got 'yes'"),
 ])
 def test_a_shared_key_is_checked_by_its_field_and_named(key: str, value: object, message: str):
     config = resolve_config("dp-merf", preset="cpu")

@@ -107,6 +107,7 @@ def test_doctor_passes_every_method_on_the_cpu_and_each_run_has_its_report(capsy
     assert lines[0] == "dpsynth doctor on cpu" and len(lines) == 1 + len(METHODS)
     for line, method in zip(lines[1:], sorted(METHODS), strict=True):
         assert line.split()[:2] == [method, "ok"] and "resumed" in line and line.endswith("on cpu"), line
+        assert ("its model reloaded and drew 7 more" in line) == (METHODS[method].no_generator is None), line
     runs = sorted(path.parent.parent for path in tmp_path.rglob("release/privacy.json"))
     assert len(runs) == len(METHODS)
     for run in runs:  # written at release: the evaluation is disabled in the doctor's runs

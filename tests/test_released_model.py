@@ -116,7 +116,7 @@ def test_dpsynth_sample_draws_in_a_fresh_process_and_refuses_what_it_must_not_wr
     done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "dpdm diffusion generator of 1 x 8 x 8 images, 10 classes" in done.stdout
-    assert "wrote 25 images" in done.stdout and out.with_suffix(".png").is_file()
+    assert "wrote 25 images, drawn in" in done.stdout and out.with_suffix(".png").is_file()
     drawn = np.load(out)
     assert drawn["images"].shape == (25, 1, 8, 8) and drawn["images"].dtype == np.uint8
     assert drawn["labels"].tolist() == [i % 10 for i in range(25)] and drawn["class_names"].tolist()[:2] == ["0", "1"]
@@ -125,9 +125,11 @@ def test_dpsynth_sample_draws_in_a_fresh_process_and_refuses_what_it_must_not_wr
     picked = dpsynth_main(*command[3:5], "--per-class", "2=3,0=1", "--sampler", "ddim", "--sample-steps", "3",
                           "--out", str(tmp_path / "picked.npz"))
     assert picked.code == 0 and np.load(tmp_path / "picked.npz")["labels"].tolist() == [2, 2, 2, 0]
+    (tmp_path / "taken.png").write_bytes(b"")  # a picture of the user's, where the grid would go
     refusals = {
+        "taken.png exists; give another name": ["--images", "2", "--out", str(tmp_path / "taken.npz")],
         "inside a run's release/ folder": ["--images", "2", "--out", str(dpdm_run.file("release") / "x.npz")],
-        "the file exists; give another name": ["--images", "2", "--out", str(out)],
+        "more.npz exists; give another name": ["--images", "2", "--out", str(out)],
         "needs --images N or --per-class": ["--out", str(tmp_path / "none.npz")],
         "--per-class expects CLASS=COUNT": ["--per-class", "seven", "--out", str(tmp_path / "bad.npz")],
     }
