@@ -142,7 +142,8 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
     for key, value in overrides:
         if not _resume_setting(key, allowed):
             raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(allowed)} (where and "
-                              "in what chunks it computes); the rest of its config is what its privacy plan covers")
+                              "in what chunks it computes, and whether the release holds the model); the rest of "
+                              "its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     validate_config(config)  # release.model=true for a method that has no model to release, say
     dataset = dataset_from_config(config)

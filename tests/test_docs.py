@@ -6,6 +6,7 @@ import importlib.util
 import json
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,17 @@ def test_the_privacy_json_example_quotes_the_bench_release_it_names():
     common = set(shown) & set(recorded) - {"release_files"}
     assert {"epsilon", "delta", "stages", "dataset_size"} <= common
     assert {key: shown[key] for key in common} == {key: recorded[key] for key in common}
+
+
+def test_the_released_model_measurement_quotes_its_record():
+    page = (ROOT / "docs" / "own-data.md").read_text()
+    record = json.loads((ROOT / "benchmarks/results/released-model/records.jsonl").read_text().splitlines()[-1])
+    draws = record["draws"]
+    quoted = (f"released {record['images']:,} images of FID∞ {record['release']:.1f}",
+              ", ".join(f"{value:.1f}" for value in draws[:-1]) + f" and {draws[-1]:.1f}",
+              f"({statistics.mean(draws):.1f} ± {statistics.stdev(draws):.1f})",
+              f"commit {record['commit'].split('+')[0]}, {record['date']}")
+    assert all(text in " ".join(page.split()) for text in quoted), quoted
 
 
 def test_the_docs_build_refuses_a_page_out_of_sync_with_history_or_without_its_paper():

@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 
 from dpsynth.api import load_generator, resolve_config
 from dpsynth.config import SamplingSettings
-from dpsynth.doctor import COMMON
+from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyWarning
 from dpsynth.generators import DiffusionGenerator, OneStepGenerator
 from dpsynth.methods import METHODS
 from dpsynth.methods.base import Method
-from dpsynth.pipeline import start
+from dpsynth.pipeline import execute, start
 from dpsynth.privacy.randomness import secret_generator, stream_key
 from dpsynth.runs import RunDirectory
 from dpsynth.utils.images import to_uint8
@@ -138,6 +138,17 @@ def test_dpsynth_sample_draws_in_a_fresh_process_and_refuses_what_it_must_not_wr
         assert refused.code == 2 and message in refused.err, refused.err
     assert sorted(path.name for path in dpdm_run.file("release").iterdir()) == [
         "README.md", "model.json", "model.safetensors", "privacy.json", "samples.png", "synthetic.npz"]
+
+
+def test_a_stopped_run_may_resume_to_release_its_model(tmp_path):
+    config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
+                            overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
+    run = RunDirectory.create(config)
+    with pytest.raises(_Interrupted):
+        execute(_CrashAfterCheckpoint(run.path))
+    assert dpsynth_main("run", "--resume", str(run.path), "--release-model").code == 0
+    assert run.config()["release"]["model"] is True
+    assert load_generator(run.path, "cpu").sample(3).images.shape == (3, 1, 8, 8)
 
 
 def test_a_model_that_is_not_the_released_one_is_refused(dpdm_run, tmp_path):
