@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The cells of the compute frontier (docs/benchmarks.md, "What more compute buys"): each one `dpsynth bench` of one
-# run on Fashion-MNIST under the 5,000-image protocol (one CNN x 3 seeds), in ROOT/CELL. Rerun to resume a cell;
-# a finished one is not repeated. Run them alone on the machine: their times are the measurement.
+# The cells of the compute frontier (docs/benchmarks.md, "What more compute buys" and "What each lever buys"): each
+# one `dpsynth bench` of one run on Fashion-MNIST, in ROOT/CELL. Rerun to resume a cell; a finished one is not
+# repeated. Run them alone on the machine: their times are the measurement.
 #
 # Usage: bash benchmarks/frontier-cells.sh ROOT CELL [CELL ...]      (from the repository root)
-# Cells: dpdm-6-epochs dpdm-12-epochs dpdm-26-epochs dpdm-wide-6-epochs dpdm-6-epochs-no-noise
-#        dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
+# Frontier cells (5,000 released images): dpdm-6-epochs dpdm-12-epochs dpdm-26-epochs dpdm-wide-6-epochs
+#   dpdm-6-epochs-no-noise dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
+# Lever cells (the cpu protocol: 20,000 released images; DPDM's cpu preset at equal CPU time, one lever changed):
+#   lever-LEVER-epsE with E in 1, 10, inf and LEVER one of base k4 k8 b256 b1024 b2048
 set -euo pipefail
 python=${PYTHON:-.venv/bin/python}
-[ $# -ge 2 ] || { sed -n 6,8p "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n 6,10p "$0" >&2; exit 2; }
 root=$1
 shift
 glyphs=benchmarks/results/cpu/public/pdp-diffusion-fashion-mnist  # the record's public glyph model
 
+lever() {  # the overrides of one lever; the preset's K = 1 at batch 512 for 6 epochs is the base
+    case $1 in
+        base) ;;
+        k4) echo "--set dpsgd.noise_multiplicity=4 --set dpsgd.epochs=1.5" ;;   # K x rows: steps / K
+        k8) echo "--set dpsgd.noise_multiplicity=8 --set dpsgd.epochs=0.75" ;;
+        b256|b1024|b2048) echo "--set dpsgd.batch_size=${1#b}" ;;                # same epochs: same rows
+        *) return 1 ;;
+    esac
+}
+
 for cell in "$@"; do
-    method=dpdm epsilon=10 extra=()
+    method=dpdm epsilon=10 extra=() protocol=(--set sampling.num_samples=5000 --set "evaluation.classifiers=[cnn]")
     case $cell in
         dpdm-6-epochs) extra=(--set dpsgd.epochs=6) ;;
         dpdm-12-epochs) extra=(--set dpsgd.epochs=12) ;;
@@ -24,9 +36,14 @@ for cell in "$@"; do
         dpdm-12-epochs-no-noise) epsilon=inf extra=(--set dpsgd.epochs=12 --set run.allow_non_private=true) ;;
         dpdm-26-epochs-no-noise) epsilon=inf extra=(--set dpsgd.epochs=26 --set run.allow_non_private=true) ;;
         pdp-diffusion-26-epochs) method=pdp-diffusion extra=(--set dpsgd.epochs=26 --set "model.init_from=$glyphs") ;;
-        *) echo "unknown frontier cell '$cell'; one of: $(sed -n 7,8p "$0" | cut -c10- | tr -s ' \n' ' ')" >&2
+        lever-*-eps1|lever-*-eps10|lever-*-epsinf)
+            name=${cell#lever-} epsilon=${cell##*-eps} protocol=()
+            overrides=$(lever "${name%-eps*}") || { echo "unknown lever in '$cell'" >&2; exit 2; }
+            read -r -a extra <<< "$overrides"
+            [ "$epsilon" = inf ] && extra+=(--set run.allow_non_private=true) ;;
+        *) echo "unknown frontier cell '$cell'; see: sed -n 6,10p $0" >&2
            exit 2 ;;
     esac
     "$python" -m dpsynth bench --methods "$method" --datasets fashion-mnist --epsilons "$epsilon" --preset cpu \
-        --out "$root/$cell" --set sampling.num_samples=5000 --set "evaluation.classifiers=[cnn]" "${extra[@]}"
+        --out "$root/$cell" "${protocol[@]}" "${extra[@]}"
 done
