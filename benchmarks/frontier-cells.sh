@@ -7,7 +7,7 @@
 # Frontier cells (5,000 released images): dpdm-6-epochs dpdm-12-epochs dpdm-26-epochs dpdm-wide-6-epochs
 #   dpdm-6-epochs-no-noise dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
 # Lever cells (the cpu protocol: 20,000 released images; DPDM's cpu preset at equal CPU time, one lever changed):
-#   lever-LEVER-epsE with E in 1, 10, inf and LEVER one of base k4 k8 b256 b1024 b2048
+#   lever-LEVER-epsE with E in 1, 10, inf and LEVER one of base k4 k8 b256 b1024 b2048 levels public public-part
 set -euo pipefail
 python=${PYTHON:-.venv/bin/python}
 [ $# -ge 2 ] || { sed -n 6,10p "$0" >&2; exit 2; }
@@ -15,12 +15,16 @@ root=$1
 shift
 glyphs=benchmarks/results/cpu/public/pdp-diffusion-fashion-mnist  # the record's public glyph model
 
-lever() {  # the overrides of one lever; the preset's K = 1 at batch 512 for 6 epochs is the base
+lever() {  # sets method and extra for one lever; the preset's K = 1 at batch 512 for 6 epochs is the base
     case $1 in
         base) ;;
-        k4) echo "--set dpsgd.noise_multiplicity=4 --set dpsgd.epochs=1.5" ;;   # K x rows: steps / K
-        k8) echo "--set dpsgd.noise_multiplicity=8 --set dpsgd.epochs=0.75" ;;
-        b256|b1024|b2048) echo "--set dpsgd.batch_size=${1#b}" ;;                # same epochs: same rows
+        k4) extra=(--set dpsgd.noise_multiplicity=4 --set dpsgd.epochs=1.5) ;;   # K x the rows: steps / K
+        k8) extra=(--set dpsgd.noise_multiplicity=8 --set dpsgd.epochs=0.75) ;;
+        b256|b1024|b2048) extra=(--set "dpsgd.batch_size=${1#b}") ;;             # same epochs: same rows
+        levels) extra=(--set diffusion.noise_levels=log-normal --set diffusion.noise_level_mean=0.5) ;;
+        public) method=pdp-diffusion extra=(--set "model.init_from=$glyphs") ;;
+        public-part) method=pdp-diffusion
+            extra=(--set "model.init_from=$glyphs" --set "model.trainable=[norms, biases, attention, class_embedding]") ;;
         *) return 1 ;;
     esac
 }
@@ -38,8 +42,7 @@ for cell in "$@"; do
         pdp-diffusion-26-epochs) method=pdp-diffusion extra=(--set dpsgd.epochs=26 --set "model.init_from=$glyphs") ;;
         lever-*-eps1|lever-*-eps10|lever-*-epsinf)
             name=${cell#lever-} epsilon=${cell##*-eps} protocol=()
-            overrides=$(lever "${name%-eps*}") || { echo "unknown lever in '$cell'" >&2; exit 2; }
-            read -r -a extra <<< "$overrides"
+            lever "${name%-eps*}" || { echo "unknown lever in '$cell'" >&2; exit 2; }
             [ "$epsilon" = inf ] && extra+=(--set run.allow_non_private=true) ;;
         *) echo "unknown frontier cell '$cell'; see: sed -n 6,10p $0" >&2
            exit 2 ;;

@@ -23,7 +23,7 @@ from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.config import SamplingSettings
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import PREDICTIONS as PREDICTION_TYPES
-from dpsynth.diffusion.ddpm import SAMPLERS
+from dpsynth.diffusion.ddpm import SAMPLERS, NoiseLevels
 from dpsynth.diffusion.inference import sampling_inputs, sampling_model
 from dpsynth.diffusion.settings import PREDICTIONS, SAMPLER_NAMES
 from dpsynth.errors import ConfigError
@@ -160,6 +160,8 @@ def test_a_compiled_sampling_model_draws_what_the_eager_one_draws_without_compil
 
 @pytest.mark.parametrize("override, message", [
     ("diffusion.prediction=x0", "diffusion.prediction must be one of epsilon, v, got 'x0'"),
+    ("diffusion.noise_levels=edm", "diffusion.noise_levels must be one of uniform, log-normal, got 'edm'"),
+    ("diffusion.noise_level_std=0", "diffusion.noise_level_std must be > 0"),
     ("diffusion.sampler=euler", r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"),
 ])
 def test_unknown_prediction_or_sampler_is_a_config_error(override, message):
@@ -167,6 +169,20 @@ def test_unknown_prediction_or_sampler_is_a_config_error(override, message):
     config = resolve_config("dpdm", dataset="digits", overrides=[override])
     with pytest.raises(ConfigError, match=message):
         get_method("dpdm")(config)
+
+
+def test_log_normal_noise_levels_draw_times_whose_log_sigma_has_the_asked_mean_and_spread():
+    uniform = Diffusion(prediction="v")
+    times, _ = uniform.training_inputs(4000, 2, (1, 2, 2), torch.Generator().manual_seed(0))
+    assert times.shape == (4000, 2) and abs(times.float().mean().item() - 499.5) < 15
+    shifted = Diffusion(prediction="v", levels=NoiseLevels("log-normal", mean=0.5, std=1.2))
+    times, noise = shifted.training_inputs(4000, 2, (1, 2, 2), torch.Generator().manual_seed(0))
+    assert noise.shape == (4000, 2, 1, 2, 2) and 0 <= times.min() and times.max() <= 999
+    log_sigma = shifted.log_sigmas[times]  # each draw's step is the first whose sigma reaches it: up to one step high
+    assert abs(log_sigma.mean().item() - 0.5) < 0.06 and abs(log_sigma.std().item() - 1.2) < 0.06
+    assert times.median() < 400 < 500  # mass moved off the pure-noise end that uniform t spends a fifth on
+    with pytest.raises(ValueError, match="noise levels must be one of uniform, log-normal"):
+        NoiseLevels("edm")
 
 
 def test_guidance_acts_only_inside_its_interval_of_the_trajectory():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import absolute_paths, privacy_report, secret_stream
+from safetensors.torch import load_file
 
 from dpsynth.api import resolve_config
 from dpsynth.bench import Cell
@@ -19,9 +20,11 @@ from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import GLYPH_CLASSES
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows, spread_start
+from dpsynth.diffusion.settings import TRAINABLE_GROUPS
 from dpsynth.errors import ConfigError, DataError
 from dpsynth.methods import get_method
 from dpsynth.models import build_unet
+from dpsynth.models.unet import PARAMETER_GROUPS, train_only
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.semantic_histogram import semantic_histogram
@@ -130,6 +133,28 @@ def test_a_run_from_a_public_model_spends_what_a_run_from_scratch_spends(tmp_pat
     public_cost = {path: cell_row(path, Cell("dpdm", "digits", 8.0))["public_pretraining_min"]
                    for path in (scratch, started)}
     assert public_cost == {scratch: None, started: round(record["seconds"] / 60, 2)}
+
+
+def test_a_public_start_may_dp_train_some_parameter_groups_and_the_rest_stay_the_public_models(tmp_path):
+    out = public_model(tmp_path)
+    run = run_on_digits(tmp_path / "part", "pdp-diffusion", f"model.init_from={out}", "release.model=true",
+                        "model.trainable=[norms, class_embedding]")
+    released = load_file(run / "release" / "model.safetensors")
+    public = load_file(out / "unet" / "diffusion_pytorch_model.safetensors")
+    trained = {name for name in released if PARAMETER_GROUPS["norms"](name) or name.startswith("class_embedding.")}
+    assert trained and all(torch.equal(released[name], public[name]) for name in public if name not in trained)
+    assert any(not torch.equal(released[name], public[name]) for name in trained if name in public)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    (entry,) = [e for e in log if e["event"] == "trainable"]
+    model = build_unet(1, 8, 10, [8, 16], 1, True, 4)
+    assert entry["parameters"] == train_only(model, ["norms", "class_embedding"])[0] < entry["of"] / 10
+    with pytest.raises(ConfigError, match=r"model.trainable \['norms'\] DP-trains part of a UNet that starts at"):
+        run_on_digits(tmp_path / "scratch", "dpdm", "model.trainable=[norms]")
+    with pytest.raises(ConfigError, match="model.trainable: dp-sad DP-trains its teacher and its student whole"):
+        get_method("dp-sad")(resolve_config("dp-sad", dataset="digits", overrides=["model.trainable=[norms]"]))
+    with pytest.raises(ConfigError, match=r"model.trainable must be \[all\] or a list of norms, biases"):
+        get_method("dpdm")(resolve_config("dpdm", dataset="digits", overrides=["model.trainable=[all, norms]"]))
+    assert set(TRAINABLE_GROUPS) == set(PARAMETER_GROUPS)
 
 
 def test_pdp_diffusion_needs_a_public_model_that_holds_no_private_image(tmp_path, capsys):

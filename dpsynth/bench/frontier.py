@@ -1,9 +1,10 @@
 """Accuracy and FID-inf against synthesis time: one point per finished cell of some bench records.
 
 Each point is a cell's results.csv row and its run's config.yaml: CNN accuracy (with its spread over classifier
-seeds) and FID-inf against the synthesis's wall-clock hours on the machine that ran it, one series per method and
-target epsilon (inf: DP-SGD without noise). All points should come from one CPU type, which each record's
-results.md names; ``table`` says which, and refuses records from different machines.
+seeds) and FID-inf against the synthesis's wall-clock hours on the machine that ran it, one series per method,
+target epsilon (a colour; inf: DP-SGD without noise) and setup (all but the epochs). All points should come from
+one CPU type, which each record's results.md names; ``table`` says which, and refuses records from different
+machines.
 """
 from __future__ import annotations
 
@@ -31,14 +32,29 @@ def points(benches: list[Path]) -> list[dict[str, Any]]:
             run = bench / "runs" / Path(row["run_dir"]).name  # older records give the whole path
             config = yaml.safe_load((run / "config.yaml").read_text())
             found.append({**row, "bench": bench.name, "hours": row["synthesis_wall_min"] / 60,
-                          "cpu_hours": row["synthesis_cpu_min"] / 60, "model": _model(config)})
+                          "cpu_hours": row["synthesis_cpu_min"] / 60, "model": _model(config),
+                          "setup": _model(config, with_epochs=False)})
     return sorted(found, key=lambda p: (p["method"], p["target_epsilon"], p["hours"]))
 
 
-def _model(config: dict[str, Any]) -> str:
-    model, dpsgd = config["model"], config.get("dpsgd", {})
-    return (f"{list(model['block_channels'])} x{model['layers_per_block']}, batch {dpsgd.get('batch_size')}, "
-            f"{dpsgd.get('epochs')} epochs")
+def _model(config: dict[str, Any], with_epochs: bool = True) -> str:
+    """The UNet and DP-SGD schedule of a cell, with each lever set away from its default (K, noise levels, a
+    public start, trained parameter groups) and the release's size; without the epochs, what a series of more
+    compute keeps the same."""
+    model, dpsgd, diffusion = config["model"], config.get("dpsgd", {}), config.get("diffusion", {})
+    parts = [f"{list(model['block_channels'])} x{model['layers_per_block']}", f"batch {dpsgd.get('batch_size')}"]
+    if with_epochs:
+        parts.append(f"{dpsgd.get('epochs')} epochs")
+    if dpsgd.get("noise_multiplicity", 1) != 1:
+        parts.append(f"K = {dpsgd['noise_multiplicity']}")
+    if diffusion.get("noise_levels", "uniform") != "uniform":
+        parts.append(f"ln σ ~ N({diffusion['noise_level_mean']:g}, {diffusion['noise_level_std']:g}²)")
+    if model.get("init_from"):
+        parts.append("public start")
+    if list(model.get("trainable", ["all"])) != ["all"]:
+        parts.append("trains " + " + ".join(model["trainable"]))
+    parts.append(f"{config['sampling']['num_samples']:,} released")
+    return ", ".join(parts)
 
 
 def machine(benches: list[Path]) -> str:
@@ -79,22 +95,24 @@ def plot(found: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, (accuracy, fid) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, epsilon in dict.fromkeys((p["method"], p["target_epsilon"]) for p in found):
-        own = [p for p in found if (p["method"], p["target_epsilon"]) == (method, epsilon)]
+    figure, (accuracy, fid) = plt.subplots(1, 2, figsize=(11, 5))
+    colours = {1.0: "tab:red", 10.0: "tab:blue", float("inf"): "tab:green"}
+    series = list(dict.fromkeys((p["method"], p["target_epsilon"], p["setup"]) for p in found))
+    for number, (method, epsilon, setup) in enumerate(series):
+        own = [p for p in found if (p["method"], p["target_epsilon"], p["setup"]) == (method, epsilon, setup)]
         hours = [p["hours"] for p in own]
-        label = f"{method}, ε = {epsilon:g}" + (" (no noise)" if epsilon == float("inf") else "")
+        style = {"marker": "osD^v<>ph*"[number % 10], "color": colours.get(epsilon, "tab:grey"),
+                 "label": f"{method}, ε = {epsilon:g}: {setup}"}
         accuracy.errorbar(hours, [100 * p["accuracy_cnn"] for p in own],
-                          yerr=[100 * (p["accuracy_cnn_std"] or 0) for p in own], marker="o", capsize=3,
-                          label=label)
-        fid.plot(hours, [p["fid_infinity"] for p in own], marker="o", label=label)
+                          yerr=[100 * (p["accuracy_cnn_std"] or 0) for p in own], capsize=3, **style)
+        fid.plot(hours, [p["fid_infinity"] for p in own], **style)
     for axis, title in ((accuracy, "CNN accuracy on real test images (%)"), (fid, "FID∞ (lower is better)")):
         axis.set_xlabel("synthesis, wall-clock hours on 2 cores")
         axis.set_title(title)
         axis.set_xlim(left=0)
         axis.grid(alpha=0.3)
-    accuracy.legend(fontsize=8)
-    figure.tight_layout()
+    figure.legend(*accuracy.get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=2)
+    figure.tight_layout(rect=(0, 0.06 + 0.025 * ((len(series) + 1) // 2), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)

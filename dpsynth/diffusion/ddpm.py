@@ -13,12 +13,15 @@ FETA-Pro's and PE's) is DDIM.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, UniPCMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
+
+from .settings import NOISE_LEVELS
 
 ModelFn = Callable[..., Any]
 Interval = Sequence[float]
@@ -36,21 +39,45 @@ def drop_labels(labels: torch.Tensor, null: int, dropout: float, generator: torc
     return labels
 
 
-class Diffusion:
-    """The forward process and the samplers of a DDPM with ``timesteps`` steps."""
+@dataclass(frozen=True)
+class NoiseLevels:
+    """Where training spends its draws of the diffusion time t: ``uniform`` over the T steps (DDPM), or
+    ``log-normal`` in the noise level sigma_t = sqrt((1 - abar_t) / abar_t), ln sigma ~ N(``mean``, ``std``^2) as
+    in EDM (Karras et al. 2022: mean -1.2, std 1.2), each draw taken to the first step whose sigma_t reaches it."""
 
-    def __init__(self, timesteps: int = 1000, beta_schedule: str = "linear", prediction: str = "epsilon") -> None:
+    kind: str = "uniform"
+    mean: float = -1.2
+    std: float = 1.2
+
+    def __post_init__(self) -> None:
+        if self.kind not in NOISE_LEVELS:
+            raise ValueError(f"noise levels must be one of {', '.join(NOISE_LEVELS)}, got {self.kind!r}")
+
+
+class Diffusion:
+    """The forward process and the samplers of a DDPM with ``timesteps`` steps; training draws its times as
+    ``levels`` says."""
+
+    def __init__(self, timesteps: int = 1000, beta_schedule: str = "linear", prediction: str = "epsilon",
+                 levels: NoiseLevels = NoiseLevels()) -> None:
         if prediction not in PREDICTIONS:
             raise ValueError(f"prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
         self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
                                              prediction_type=PREDICTIONS[prediction])
         self.timesteps, self.beta_schedule, self.prediction = timesteps, beta_schedule, prediction
         self.alphas_cumprod = self.train_scheduler.alphas_cumprod.float()
+        self.levels = levels
+        self.log_sigmas = (0.5 * ((1 - self.alphas_cumprod) / self.alphas_cumprod).log()).contiguous()
 
     def training_inputs(self, n: int, k: int, shape: tuple[int, ...], generator: torch.Generator
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per example, K diffusion times and K Gaussian noises (noise multiplicity)."""
-        times = torch.randint(0, self.timesteps, (n, k), generator=generator)
+        """Per example, K diffusion times (drawn as :class:`NoiseLevels` says) and K Gaussian noises (noise
+        multiplicity)."""
+        if self.levels.kind == "uniform":
+            times = torch.randint(0, self.timesteps, (n, k), generator=generator)
+        else:
+            log_sigma = self.levels.mean + self.levels.std * torch.randn((n, k), generator=generator)
+            times = torch.searchsorted(self.log_sigmas, log_sigma).clamp(max=self.timesteps - 1)
         return times, torch.randn((n, k, *shape), generator=generator)
 
     def example_loss(self, model_fn: ModelFn, image: torch.Tensor, label: torch.Tensor | None,

@@ -11,15 +11,18 @@ from ..errors import ConfigError
 PREDICTIONS = ("epsilon", "v")
 SAMPLER_NAMES = ("dpm-solver++", "ddim", "unipc")
 CLASS_STARTS = ("shared", "spread", "matched")
+NOISE_LEVELS = ("uniform", "log-normal")
+TRAINABLE_GROUPS = ("all", "norms", "biases", "attention", "class_embedding", "time_embedding")
 
 
 @dataclass(frozen=True, kw_only=True)
 class UNetSettings:
     """The ``model`` section: the UNet's channels per resolution, layers per block, attention, GroupNorm groups,
-    a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one) and where its private
+    a public model directory to start from (``dpsynth pretrain --for METHOD`` writes one), where its private
     class rows start when the public classes differ (:func:`~dpsynth.diffusion.pretrain.init_from_public`): the
     null row (shared), public class rows far apart (spread) or, for PrivImage, matched by its semantic
-    histogram. Defaults: DPImageBench's DPDM."""
+    histogram; and which parameter groups DP-SGD trains (the rest keep their start). Defaults: DPImageBench's
+    DPDM."""
 
     block_channels: tuple[int, ...] = positive(default=(32, 64, 64))
     layers_per_block: int = positive(default=2)
@@ -27,17 +30,32 @@ class UNetSettings:
     norm_groups: int = positive(default=8)
     init_from: str | None = None
     class_start: str = one_of(*CLASS_STARTS, default="spread")
+    trainable: tuple[str, ...] = ("all",)
+
+    def __post_init__(self) -> None:
+        unknown = [group for group in self.trainable if group not in TRAINABLE_GROUPS]
+        if unknown or not self.trainable or ("all" in self.trainable and len(self.trainable) > 1):
+            raise ConfigError(f"model.trainable must be [all] or a list of {', '.join(TRAINABLE_GROUPS[1:])}, got "
+                              f"{list(self.trainable)}")
+
+    @property
+    def trains_all(self) -> bool:
+        return self.trainable == ("all",)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiffusionSettings:
-    """The ``diffusion`` section: the noise schedule and what the network predicts, label dropout (for
+    """The ``diffusion`` section: the noise schedule and what the network predicts, where training draws its
+    noise levels (uniform in t, or log-normal in sigma with a mean and std of ln sigma), label dropout (for
     guidance), and how the release is sampled (sampler, steps, guidance weight and where on the trajectory it
     acts)."""
 
     timesteps: int = positive(default=1000)
     beta_schedule: str = "linear"
     prediction: str = one_of(*PREDICTIONS, default="v")
+    noise_levels: str = one_of(*NOISE_LEVELS, default="uniform")
+    noise_level_mean: float = -1.2
+    noise_level_std: float = positive(default=1.2)
     label_dropout: float = at_least(0, default=0.1)
     sampler: str = one_of(*SAMPLER_NAMES, default="dpm-solver++")
     sample_steps: int = positive(default=25)

@@ -1,7 +1,7 @@
 """Class-conditional UNet on diffusers' UNet2DModel, with a null class for classifier-free guidance."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from diffusers import UNet2DModel
@@ -24,6 +24,29 @@ def use_vmap_friendly_silu(model: torch.nn.Module) -> None:
         for name, child in module.named_children():
             if type(child) is torch.nn.SiLU:
                 setattr(module, name, SiLU())
+
+
+# The parameter groups ``model.trainable`` may name, each a test on a parameter's name in the diffusers UNet.
+PARAMETER_GROUPS: dict[str, Callable[[str], bool]] = {
+    "all": lambda name: True,
+    "norms": lambda name: "norm" in name.rsplit(".", 2)[-2],
+    "biases": lambda name: name.endswith(".bias"),
+    "attention": lambda name: ".attentions." in name,
+    "class_embedding": lambda name: name.startswith("class_embedding."),
+    "time_embedding": lambda name: name.startswith("time_embedding.") or ".time_emb_proj." in name,
+}
+
+
+def train_only(model: torch.nn.Module, groups: Sequence[str]) -> tuple[int, int]:
+    """Freeze every parameter of ``model`` outside the :data:`PARAMETER_GROUPS` named in ``groups``; returns the
+    numbers of parameters left trainable and in all."""
+    tests = [PARAMETER_GROUPS[group] for group in groups]
+    trained = total = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(any(test(name) for test in tests))
+        trained += param.numel() if param.requires_grad else 0
+        total += param.numel()
+    return trained, total
 
 
 def build_unet(in_channels: int, resolution: int, num_classes: int | None, block_channels: Sequence[int],

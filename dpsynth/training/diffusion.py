@@ -15,7 +15,7 @@ from ..config import Config, SamplingSettings, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
-from ..diffusion.ddpm import drop_labels
+from ..diffusion.ddpm import NoiseLevels, drop_labels
 from ..diffusion.inference import sampling_inputs
 from ..diffusion.pretrain import init_from_public, model_label, public_fingerprints, read_pretraining
 from ..diffusion.settings import DiffusionSettings, UNetSettings
@@ -23,6 +23,7 @@ from ..errors import ConfigError, DataError
 from ..generators import DiffusionGenerator
 from ..hardware import resolve_bf16
 from ..models import build_unet
+from ..models.unet import train_only
 from ..privacy import NonPrivateAccess, SubsampledGaussianMechanism
 from ..privacy.dpsgd import EMA, DpsgdSettings, ExampleLoss
 from ..utils.device import to_device
@@ -57,7 +58,9 @@ class DiffusionTrainer:
             raise ConfigError(f"model.class_start must be one of {', '.join(class_starts)} for {method}, got "
                               f"{self.unet_settings.class_start!r}")
         self.settings = section_settings(DiffusionSettings, config, "diffusion")
-        self.diffusion = Diffusion(self.settings.timesteps, self.settings.beta_schedule, self.settings.prediction)
+        levels = NoiseLevels(self.settings.noise_levels, self.settings.noise_level_mean, self.settings.noise_level_std)
+        self.diffusion = Diffusion(self.settings.timesteps, self.settings.beta_schedule, self.settings.prediction,
+                                   levels)
         self.sampling = SamplingSettings.of(config)
         self.public_start: dict[str, Any] = {}  # what init_from_public did, for the log
 
@@ -95,12 +98,20 @@ class DiffusionTrainer:
     def fit(self, context: RunContext, stage: str, settings: DiffusionDpsgdSection,
             warm_up: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
         """The model built, warmed up by ``warm_up`` on rank 0 (once: a resume of stage ``stage`` skips it), then
-        trained by stage ``stage``'s DP-SGD (``settings``) on the private training split, with its EMA weights."""
+        trained by stage ``stage``'s DP-SGD (``settings``) on the private training split, with its EMA weights;
+        only ``model.trainable``'s parameter groups are DP-trained, which needs a start (public or warm-up)."""
+        groups = self.unet_settings.trainable
+        if not self.unet_settings.trains_all and warm_up is None and not self.unet_settings.init_from:
+            raise ConfigError(f"model.trainable {list(groups)} DP-trains part of a UNet that starts at random: name "
+                              "a public model to start from (model.init_from) or train [all]")
         model = self.build(context.dataset.info, context.device)
         self.log_public_start(context)
         if not context.resuming(stage):  # the warm-up runs once, on rank 0; DP-SGD starts from its model
             context.on_main(lambda: warm_up(model) if warm_up is not None else None)
             context.world.broadcast_module(model)
+        if not self.unet_settings.trains_all:
+            trained, total = train_only(model, groups)
+            context.log("trainable", groups=list(groups), parameters=trained, of=total)
         self.train_private(context, model, stage, settings, self.batch_maker(context, settings.noise_multiplicity))
         return model
 
@@ -110,7 +121,7 @@ class DiffusionTrainer:
         ``settings``, resumed when the checkpoint is of that stage; ends with the EMA weights. ``hooks``:
         PrivateTraining's ``parts`` and ``after_step``."""
         event = context.planned_event(stage, SubsampledGaussianMechanism, NonPrivateAccess)
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
         ema = EMA(model, settings.ema)
         if isinstance(event, SubsampledGaussianMechanism):  # the plan's noise, rate and steps, as accounted
             noise, rate, steps = event.noise_multiplier, event.sample_rate, event.steps

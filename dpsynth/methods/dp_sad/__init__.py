@@ -37,6 +37,7 @@ import torch
 
 from ...config import Config, at_least, not_a_key, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo
+from ...errors import ConfigError
 from ...privacy import NonPrivateAccess, PlannedStage
 from ...training.context import RunContext, weights
 from ...training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
@@ -127,6 +128,9 @@ class DPSAD(DiffusionMethod):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        if not self.trainer.unet_settings.trains_all:
+            raise ConfigError(f"model.trainable: dp-sad DP-trains its teacher and its student whole, so it takes "
+                              f"[all], got {list(self.trainer.unet_settings.trainable)}")
         self.teacher_settings = TeacherSection.of(config, "teacher")
         self.student_settings = StudentSection.of(config, "student")
         self.discriminator_settings = section_settings(DiscriminatorSettings, config, "discriminator")
