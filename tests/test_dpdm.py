@@ -161,7 +161,7 @@ def test_a_compiled_sampling_model_draws_what_the_eager_one_draws_without_compil
 @pytest.mark.parametrize("override, message", [
     ("diffusion.prediction=x0", "diffusion.prediction must be one of epsilon, v, got 'x0'"),
     ("diffusion.noise_levels=edm", "diffusion.noise_levels must be one of uniform, log-normal, got 'edm'"),
-    ("diffusion.noise_level_std=0", "diffusion.noise_level_std must be > 0"),
+    ("diffusion.noise_level_std=0", "diffusion.noise_level_std must be a number above 0, got 0.0"),
     ("diffusion.sampler=euler", r"diffusion.sampler must be one of dpm-solver\+\+, ddim, unipc, got 'euler'"),
 ])
 def test_unknown_prediction_or_sampler_is_a_config_error(override, message):
