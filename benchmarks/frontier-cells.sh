@@ -8,9 +8,11 @@
 #   dpdm-6-epochs-no-noise dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
 # Lever cells (the cpu protocol: 20,000 released images; DPDM's cpu preset at equal CPU time, one lever changed):
 #   lever-LEVER-epsE with E in 1, 10, inf and LEVER one of base k4 k8 b256 b1024 b2048 levels public public-part
+# Every cell but `levels` draws t uniformly, as the cpu preset did when they were measured; `levels` is the preset's
+# log-normal noise levels.
 set -euo pipefail
 python=${PYTHON:-.venv/bin/python}
-[ $# -ge 2 ] || { sed -n 6,10p "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n 6,12p "$0" >&2; exit 2; }
 root=$1
 shift
 glyphs=benchmarks/results/cpu/public/pdp-diffusion-fashion-mnist  # the record's public glyph model
@@ -23,7 +25,7 @@ lever() {  # sets method and extra for one lever; the preset's K = 1 at batch 51
         k4) extra=(--set dpsgd.noise_multiplicity=4 --set dpsgd.epochs=1.5 --set dpsgd.physical_batch_size=32) ;;
         k8) extra=(--set dpsgd.noise_multiplicity=8 --set dpsgd.epochs=0.75 --set dpsgd.physical_batch_size=16) ;;
         b256|b1024|b2048) extra=(--set "dpsgd.batch_size=${1#b}") ;;             # same epochs: same rows
-        levels) extra=(--set diffusion.noise_levels=log-normal --set diffusion.noise_level_mean=0.5) ;;
+        levels) uniform=() ;;  # the cpu preset's levels: ln sigma ~ N(0.5, 1.2^2)
         public) method=pdp-diffusion extra=(--set "model.init_from=$glyphs") ;;
         public-part) method=pdp-diffusion
             extra=(--set "model.init_from=$glyphs" --set "model.trainable=[norms, biases, attention, class_embedding]") ;;
@@ -33,6 +35,7 @@ lever() {  # sets method and extra for one lever; the preset's K = 1 at batch 51
 
 for cell in "$@"; do
     method=dpdm epsilon=10 extra=() protocol=(--set sampling.num_samples=5000 --set "evaluation.classifiers=[cnn]")
+    uniform=(--set diffusion.noise_levels=uniform --set diffusion.noise_level_mean=-1.2)  # t uniform, as measured
     case $cell in
         dpdm-6-epochs) extra=(--set dpsgd.epochs=6) ;;
         dpdm-12-epochs) extra=(--set dpsgd.epochs=12) ;;
@@ -46,9 +49,9 @@ for cell in "$@"; do
             name=${cell#lever-} epsilon=${cell##*-eps} protocol=()
             lever "${name%-eps*}" || { echo "unknown lever in '$cell'" >&2; exit 2; }
             [ "$epsilon" = inf ] && extra+=(--set run.allow_non_private=true) ;;
-        *) echo "unknown frontier cell '$cell'; see: sed -n 6,10p $0" >&2
+        *) echo "unknown frontier cell '$cell'; see: sed -n 6,12p $0" >&2
            exit 2 ;;
     esac
     "$python" -m dpsynth bench --methods "$method" --datasets fashion-mnist --epsilons "$epsilon" --preset cpu \
-        --out "$root/$cell" "${protocol[@]}" "${extra[@]}"
+        --out "$root/$cell" "${protocol[@]}" "${uniform[@]}" "${extra[@]}"
 done

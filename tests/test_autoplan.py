@@ -162,6 +162,7 @@ def test_a_derived_config_records_its_probe_and_keeps_what_the_user_set():
     plan = planned["plan"]
     assert planned["dpsgd"]["batch_size"] == 32 and "dpsgd.batch_size" in plan["user_keys"]
     assert plan["base"] == "cpu" and plan["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
+    assert planned["diffusion"]["noise_levels"] == "log-normal"  # the cpu preset's winning lever, kept by the plan
     assert plan["expected_seconds"]["total"] > plan["expected_seconds"]["dp-sgd (dpsgd)"] > 0
 
 

@@ -114,5 +114,5 @@ def plot(found: list[dict[str, Any]], path: Path) -> None:
     figure.legend(*accuracy.get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=2)
     figure.tight_layout(rect=(0, 0.06 + 0.025 * ((len(series) + 1) // 2), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")  # the legend may be wider than the plots
     plt.close(figure)

@@ -40,7 +40,8 @@ SAMPLING_PROBE_ROWS = 64  # images of the planner's timed sampling call (its cos
 SECTIONS: dict[str, type] = {"model": UNetSettings, "diffusion": DiffusionSettings, "dpsgd": DiffusionDpsgdSection}
 CPU_PRESET: dict[str, dict[str, Any]] = {
     "model": {"block_channels": [16, 32, 32], "layers_per_block": 1},
-    "diffusion": {"sample_steps": 10},
+    # ln sigma ~ N(0.5, 1.2^2): FID-inf 76 against uniform t's 99 at equal time (docs/benchmarks.md, the levers)
+    "diffusion": {"sample_steps": 10, "noise_levels": "log-normal", "noise_level_mean": 0.5},
     "dpsgd": {"batch_size": 512, "epochs": 6.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
               "physical_batch_size": 128, "checkpoint_every": 25},
 }
