@@ -253,3 +253,14 @@ def test_a_method_that_needs_a_public_model_gets_one_the_bench_pretrains_once(tm
     assert [row["status"] for row in rows] == ["done", "done"]
     assert [row["run_dir"] for row in rows] == ["runs/pdp-diffusion-digits-eps4", "runs/pdp-diffusion-digits-eps8"]
     assert all(float(row["public_pretraining_min"]) >= 0 for row in rows)
+
+
+def test_a_cell_made_before_a_method_section_key_existed_matches_that_keys_default():
+    from dpsynth.api import resolve_config
+    from dpsynth.bench import _differences
+
+    wanted = resolve_config("dpdm", dataset="digits", epsilon=8, overrides=["diffusion.noise_levels=uniform"])
+    stored = {**wanted, "diffusion": {k: v for k, v in wanted["diffusion"].items() if k != "noise_levels"}}
+    assert _differences(stored, wanted) == []
+    changed = {**wanted, "diffusion": {**wanted["diffusion"], "noise_levels": "log-normal"}}
+    assert _differences(stored, changed) == ["diffusion.noise_levels: '<absent>' there, 'log-normal' now"]

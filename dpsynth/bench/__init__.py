@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import dataset_from_config, plan_budget_for, resolve_config
-from ..config import BASE_CONFIG, Config, EvaluationSection, flat_keys, get_value
+from ..config import BASE_CONFIG, Config, EvaluationSection, flat_keys, get_value, section_defaults
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
@@ -201,14 +201,16 @@ def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
                   if not key.startswith("hardware.") and key not in LOCATION_KEYS)
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
-             if old != new and not (old == ABSENT and new == _default(key))]
+             if old != new and not (old == ABSENT and new == _default(key, wanted.get("method")))]
     return found[:shown] + ([f"and {len(found) - shown} more"] if len(found) > shown else [])
 
 
-def _default(key: str) -> Any:
-    """What a config made before ``key`` existed had in its place: the shared default (config.yaml files are
-    migrated as they are read, dpsynth.config.migrate)."""
-    return _get_or(BASE_CONFIG, key)
+def _default(key: str, method: str | None) -> Any:
+    """What a config made before ``key`` existed had in its place: the default of ``method``'s section, or the
+    shared one (config.yaml files are migrated as they are read, dpsynth.config.migrate)."""
+    section = key.split(".")[0]
+    kind = METHODS[method].sections.get(section) if method is not None and method in METHODS else None
+    return _get_or({section: section_defaults(kind)} if kind else BASE_CONFIG, key)
 
 
 def _get_or(config: Config, key: str) -> Any:
