@@ -132,8 +132,11 @@ def test_the_frontier_tabulates_committed_records_of_one_cpu_type_and_refuses_a_
     benches = [results / "cpu-frontier" / "dpdm-0.5h", results / "cpu-frontier" / "dpdm-1h"]
     table = frontier.table(benches)
     assert table.startswith("Measured on Intel(R) Xeon(R) Processor, 2 cores.")
-    row = "| dpdm | 10 | [16, 32, 32] x1, batch 512, 6.0 epochs, 5,000 released | 0.42 (0.81) | 72.6 ± 0.1 % | 101.8 |"
-    assert row in table
+    row = ("| dpdm | 10 | 32 x 32 RGB, [16, 32, 32] x1, batch 512, 6.0 epochs, 5,000 released | 0.42 (0.81) | "
+           "72.6 ± 0.1 % | 101.8 |")
+    assert row in table  # the shape as the config declared it
+    levers = frontier.table([results / "cpu-levers-amx" / "lever-base-eps10"])
+    assert "| 28 x 28 grey, [16, 32, 32] x1, batch 512, 6.0 epochs, 20,000 released |" in levers  # as released
     assert [p["bench"] for p in frontier.points(benches)] == ["dpdm-0.5h", "dpdm-1h"]  # by hours
     frontier.plot(frontier.points(benches), tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").stat().st_size > 1000

@@ -19,6 +19,7 @@ from . import record
 from .results import seeds_accuracy
 
 RAN_ON = re.compile(r"^- every cell ran on: (.*)$", re.MULTILINE)
+RELEASED_SHAPE = re.compile(r"synthetic images of (\d+) x (\d+) x (\d+) \(C x H x W\)")  # release/README.md
 
 
 def points(benches: list[Path]) -> list[dict[str, Any]]:
@@ -31,10 +32,24 @@ def points(benches: list[Path]) -> list[dict[str, Any]]:
                 continue
             run = bench / "runs" / Path(row["run_dir"]).name  # older records give the whole path
             config = yaml.safe_load((run / "config.yaml").read_text())
+            images = _images(run, config["dataset"])
             found.append({**row, "bench": bench.name, "hours": row["synthesis_wall_min"] / 60,
-                          "cpu_hours": row["synthesis_cpu_min"] / 60, "model": _model(config),
-                          "setup": _model(config, with_epochs=False)})
+                          "cpu_hours": row["synthesis_cpu_min"] / 60, "model": f"{images}, {_model(config)}",
+                          "setup": f"{images}, {_model(config, with_epochs=False)}"})
     return sorted(found, key=lambda p: (p["method"], p["target_epsilon"], p["hours"]))
+
+
+def _images(run: Path, dataset: dict[str, Any]) -> str:
+    """The released images' size and colour (``28 x 28 grey``): as the config declares them, else as the
+    release's README states them."""
+    if isinstance(dataset.get("resolution"), int) and isinstance(dataset.get("channels"), int):
+        channels, height, width = dataset["channels"], dataset["resolution"], dataset["resolution"]
+    else:
+        found = RELEASED_SHAPE.search((run / "release" / "README.md").read_text())
+        if found is None:
+            raise DpsynthError(f"{run / 'release' / 'README.md'}: no line saying the released images' C x H x W")
+        channels, height, width = (int(value) for value in found.groups())
+    return f"{height} x {width} {'grey' if channels == 1 else 'RGB' if channels == 3 else f'{channels} channels'}"
 
 
 def _model(config: dict[str, Any], with_epochs: bool = True) -> str:
