@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.bench import BenchSpec, frontier, plans, record
+from dpsynth.bench import BenchSpec, _child, frontier, plans, record
 from dpsynth.bench.results import results_markdown
 from dpsynth.cli import main
 from dpsynth.config import SCHEMA
 from dpsynth.errors import DpsynthError
+from dpsynth.runs import RunDirectory
 
 COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set", "sampling.num_samples=40",
           "--set", "evaluation.num_synthetic=30", "--set", "evaluation.num_real=30",
@@ -217,6 +218,22 @@ def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path)
     assert attempt["interrupted"] and attempt["returncode"] == 130 and attempt["cpu_s"] > 0
     (row,) = results(out)
     assert row["status"] == "interrupted (synthesis)" and float(row["synthesis_wall_min"]) > 0
+
+
+def test_a_stop_that_comes_as_the_child_finishes_keeps_the_finished_attempt(tmp_path):
+    """The child asks the bench to stop (as a scheduler would, just then) and exits 0: its attempt is recorded as
+    finished, not as interrupted, and the bench stops after recording it."""
+    run = RunDirectory(tmp_path / "cell")
+    run.path.mkdir()
+    stop_the_bench_then_finish = "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"
+    previous = signal.signal(signal.SIGTERM, lambda *_: pytest.fail("the stop reached the test, not the bench"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _child(run, "evaluation", [sys.executable, "-c", stop_the_bench_then_finish])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (attempt,) = [json.loads(line) for line in (run.path / "bench.jsonl").read_text().splitlines()]
+    assert attempt["phase"] == "evaluation" and attempt["returncode"] == 0 and "interrupted" not in attempt
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -283,38 +283,42 @@ def _child(run: RunDirectory, phase: str, command: list[str]) -> int:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, pass_fds=(lock.fileno(),),
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            _, status, usage = os.wait4(child.pid, 0)
-            interrupted = False
-        except KeyboardInterrupt:
-            status, usage = _interrupt(child)
-            interrupted = True
+        status, usage, stopped = _wait(child)
         returncode = os.waitstatus_to_exitcode(status)
+        interrupted = stopped and returncode != 0  # a child that finished as the stop came is a finished attempt
         _append_attempt(run, {"phase": phase, "returncode": returncode,
                               "wall_s": round(time.perf_counter() - started, 1),
                               "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
                               "max_rss_bytes": usage.ru_maxrss * 1024} | ({"interrupted": True} if interrupted else {}))
-    if interrupted:
+    if stopped:
         raise KeyboardInterrupt
     return returncode
 
 
-def _interrupt(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage]:
-    """Stop the child after the bench was interrupted, and reap it (its status and resource usage).
+def _wait(child: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage, bool]:
+    """Reap ``child``: its status, its resource usage, and whether the bench was asked to stop meanwhile.
 
-    Ctrl-C in a terminal reaches the child too, so it gets ``INTERRUPT_GRACE_S`` to end on its own; a
-    signal sent to the bench alone is then passed on as SIGTERM, on which every dpsynth command stops as on
-    Ctrl-C (SIGINT itself may be ignored: a job started in the background inherits SIGINT ignored).
+    While the child runs, Ctrl-C (unless ignored, as in a background job) and SIGTERM only note the stop: an
+    exception raised between the reaping and its record would lose the child's status. Ctrl-C in a terminal
+    reaches the child too, so it gets ``INTERRUPT_GRACE_S`` to end on its own; the stop is then passed on as
+    SIGTERM, on which every dpsynth command stops as on Ctrl-C.
     """
-    deadline = time.monotonic() + INTERRUPT_GRACE_S
-    while time.monotonic() < deadline:
-        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-        if pid:
-            return status, usage
-        time.sleep(0.1)
-    child.send_signal(signal.SIGTERM)
-    _, status, usage = os.wait4(child.pid, 0)
-    return status, usage
+    stops: list[float] = []
+    watched = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) != signal.SIG_IGN else [])
+    previous = {signum: signal.signal(signum, lambda *_: stops.append(time.monotonic())) for signum in watched}
+    try:
+        passed_on = False
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                return status, usage, bool(stops)
+            if stops and not passed_on and time.monotonic() - stops[0] > INTERRUPT_GRACE_S:
+                child.send_signal(signal.SIGTERM)
+                passed_on = True
+            time.sleep(0.1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _append_attempt(run: RunDirectory, record: dict[str, Any]) -> None:
