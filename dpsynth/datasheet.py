@@ -96,6 +96,8 @@ def _plainly(report: dict[str, Any], info: DatasetInfo) -> list[str]:
                  "image beside its nearest real training images: a check that helps spot copies of training "
                  "images, not a proof of privacy. The proof is the (ε, δ) above; a release can pass that check and "
                  "still leak, or look close to a real image and be private.")
+    lines.append("- How to read ε, with the odds at ε = 1 to 10 and how to choose it: the guide *What ε means* in "
+                 "dpsynth's documentation (`docs/guides/epsilon.md` in its source).")
     return lines
 
 

@@ -12,7 +12,9 @@ and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
 - ``plan: FOLDER KEY``: one value of one plan measurement (dpsynth.bench.plans.quote);
 - ``steps: METHOD PRESET SECTION N``: the DP-SGD steps that preset plans for section SECTION on N training images;
 - ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it;
-- ``loads: DIR``: the folder-loading records (``benchmarks/folder_load.py``) in ``benchmarks/results/DIR``.
+- ``loads: DIR``: the folder-loading records (``benchmarks/folder_load.py``) in ``benchmarks/results/DIR``;
+- ``cli: all``: every command's ``--help``, as the parser prints it;
+- ``odds: EPSILON [EPSILON ...]``: what each ε bounds: the odds factor e^ε and how sure an attacker can become.
 
 ``python scripts/mkdocs_hooks.py --write`` regenerates every pair in place; ``--check`` lists the files out of
 sync. As an MkDocs hook it fails the build on a page out of sync, a marker without its end, or a method of
@@ -21,24 +23,32 @@ sync. As an MkDocs hook it fails the build on a page out of sync, a marker witho
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import docs_rules  # scripts/, beside this file: MkDocs puts it on the path, as the tests do
 from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
 
 from dpsynth.api import resolve_config
 from dpsynth.autoplan.rules import dpsgd_steps
 from dpsynth.bench import frontier, plans, record
+from dpsynth.cli import build_parser
 from dpsynth.config_reference import config_table
 from dpsynth.errors import DpsynthError
 from dpsynth.methods import METHODS, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads"
+GLOSSARY = "docs/reference/glossary.md"
+CHANGELOG = "changelog.md"  # the site's page of CHANGELOG.md: history, which the other pages leave to it
+KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads|odds|cli"
 PAIR = re.compile(rf"(?<!`)<!-- (?P<kind>{KINDS}): (?P<args>[a-z0-9._/ -]+?) -->(?P<body>.*?)<!-- /(?P=kind) -->",
                   re.DOTALL)
 OPENING = re.compile(rf"(?<!`)<!-- (?:{KINDS}): ")
@@ -73,6 +83,10 @@ def generated(kind: str, args: list[str]) -> str:
         return get_method(args[0]).paper.markdown()
     if kind == "loads":
         return folder_loads(RESULTS / args[0])
+    if kind == "odds":
+        return odds([float(epsilon) for epsilon in args])
+    if kind == "cli":
+        return command_help(build_parser())
     if kind == "steps":
         method, preset, section, num_train = args
         return f"{dpsgd_steps(resolve_config(method, preset=preset), section, int(num_train)):,}"
@@ -95,6 +109,53 @@ def folder_loads(directory: Path) -> str:
     return "\n".join(rows)
 
 
+def _commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every sub-command's parser under it, depth first."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += _commands(child)
+    return found
+
+
+def command_help(parser: argparse.ArgumentParser) -> str:
+    """A section per command with its ``--help`` text, formatted 100 columns wide whatever the terminal."""
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        sections = [f"### `{command.prog}`\n\n```text\n{command.format_help().rstrip()}\n```"
+                    for command in _commands(parser) if command.prog != parser.prog]
+    finally:
+        if previous is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = previous
+    return "\n\n".join(sections)
+
+
+def _percent(share: float) -> str:
+    """``share`` as a percentage with the fewest decimals (at least one) that keep it below 100 %."""
+    decimals = 1
+    while decimals < 4 and round(100 * share, decimals) >= 100:
+        decimals += 1
+    return f"{100 * share:.{decimals}f} %"
+
+
+def odds(epsilons: list[float]) -> str:
+    """For each ε: e^ε, and the most an attacker 50 % or 1 % sure that a person is in the data can be after the
+    release (prior odds times e^ε; δ aside)."""
+    rows = ["| ε | any outcome at most this many times as likely | 50 % sure becomes at most | "
+            "1 % sure becomes at most |", "| --- | --- | --- | --- |"]
+    for epsilon in epsilons:
+        factor = math.exp(epsilon)
+        after = [factor * prior / (factor * prior + 1 - prior) for prior in (0.5, 0.01)]
+        rows.append(f"| {epsilon:g} | {factor:,.1f} | {_percent(after[0])} | {_percent(after[1])} |"
+                    if factor < 100 else f"| {epsilon:g} | {factor:,.0f} | {_percent(after[0])} | "
+                    f"{_percent(after[1])} |")
+    return "\n".join(rows)
+
+
 def synced(text: str, name: str) -> str:
     """``text`` with every marker pair's body regenerated; OutOfSync naming ``name`` on a marker without its end."""
     def fill(match: re.Match[str]) -> str:
@@ -114,16 +175,29 @@ def synced(text: str, name: str) -> str:
 
 
 def problems(markdown: str, name: str) -> list[str]:
-    """What a user's page must not do: recount its own history (outside generated text), or, on a method
-    page, lack its paper (a ``**Paper:**`` paragraph with a year and a link)."""
+    """What a user's page ``name`` (a path from the repository's root) must not do: recount its own history
+    (outside generated text); quote a measured number with neither a record marker nor its CPU and date; use a
+    glossary term before linking it; on a method page, lack its paper (a ``**Paper:**`` paragraph with a year
+    and a link) or the agreed sections."""
     found = [f"{name}: mentions {match.group(0)!r}; pages say what a thing is, history goes to CHANGELOG.md"
              for match in NOTEBOOK.finditer(PAIR.sub("", markdown))]
+    found += docs_rules.unsourced_numbers(markdown, name, PAIR)
+    if name != GLOSSARY:
+        link = os.path.relpath(GLOSSARY, os.path.dirname(name) or ".")
+        found += docs_rules.unlinked_terms(markdown, name, glossary(), PAIR, link)
     if re.search(r"(^|/)methods/(?!index\.md$)[^/]+\.md$", name):
         paper = PAPER.search(markdown)
         missing = ["a **Paper:** line"] if paper is None else [
             part for part, pattern in PAPER_PARTS.items() if not pattern.search(paper.group(0))]
         found += [f"{name}: the paper reference lacks {part}" for part in missing]
+        found += docs_rules.method_sections(markdown, name)
     return found
+
+
+@functools.cache
+def glossary() -> list[docs_rules.Term]:
+    """The glossary's terms, read once."""
+    return docs_rules.glossary_terms((ROOT / GLOSSARY).read_text())
 
 
 def unlisted_methods(nav: str) -> list[str]:
@@ -149,7 +223,15 @@ def stale(paths: list[Path]) -> list[Path]:
     return [path for path in paths if synced(path.read_text(), str(path)) != path.read_text()]
 
 
+def on_files(files: Files, config: Any, **_: Any) -> Files:
+    """The changelog as a page of the site, from CHANGELOG.md at the repository's root."""
+    files.append(File.generated(config, CHANGELOG, content=(ROOT / "CHANGELOG.md").read_text()))
+    return files
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    if page.file.src_path == CHANGELOG:
+        return markdown
     found = problems(markdown, f"docs/{page.file.src_path}")
     if found:
         raise OutOfSync("; ".join(found))

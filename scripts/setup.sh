@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine, as root: system packages, a virtual environment in .venv,
 # the CPU build of PyTorch (pinned first, so no dependency pulls a multi-GB CUDA build), then dpsynth.
-# --tests adds what only the test suite needs: Debian's chromium (about 300 MB: the report test opens
-# report.html in it), pytest and pytest-xdist, Opacus and MkDocs.
+# --tests adds what only the test suite needs: Debian's chromium (the report test opens report.html in it),
+# pytest and pytest-xdist, Opacus, MkDocs and mkdocstrings.
+# DPSYNTH_TORCH names another PyTorch requirement, e.g. DPSYNTH_TORCH=torch==2.13.0 for PyPI's CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -24,9 +25,13 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+torch_requirement="${DPSYNTH_TORCH:-torch==2.13.0+cpu}"
+# The CPU build is not on PyPI: a local copy (pip's find-links) or PyTorch's CPU index has it.
+.venv/bin/python -m pip install -q --disable-pip-version-check "$torch_requirement" 2>/dev/null \
+    || .venv/bin/python -m pip install -q --disable-pip-version-check "$torch_requirement" \
+        --index-url https://download.pytorch.org/whl/cpu
 if $for_tests; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,docs]"
 else
     .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 fi

@@ -132,7 +132,7 @@ def test_the_frontier_tabulates_committed_records_of_one_cpu_type_and_refuses_a_
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     benches = [results / "cpu-frontier" / "dpdm-0.5h", results / "cpu-frontier" / "dpdm-1h"]
     table = frontier.table(benches)
-    assert table.startswith("Measured on Intel(R) Xeon(R) Processor, 2 cores.")
+    assert table.startswith("Measured on Intel(R) Xeon(R) Processor, 2 cores, 2026-11-26.")  # CPU and day(s)
     row = ("| dpdm | 10 | 32 x 32 RGB, [16, 32, 32] x1, batch 512, 6.0 epochs, 5,000 released | 0.42 (0.81) | "
            "72.6 ± 0.1 % | 101.8 |")
     assert row in table  # the shape as the config declared it

@@ -18,6 +18,7 @@ from dpsynth.cli import main
 from dpsynth.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # the hooks import docs_rules from beside them, as MkDocs lets them
 _SPEC = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
 HOOKS = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(HOOKS)
@@ -35,6 +36,7 @@ NOT_RUN = {
     "OMP_NUM_THREADS=1 dpsynth audit": "as dpsynth audit",
     "torchrun": "several processes running a method (tests/test_distributed.py)",
     "bash scripts/setup.sh": "installs Debian and PyPI packages (CI runs it)",
+    "DPSYNTH_TORCH=": "scripts/setup.sh with another PyTorch build (CI runs the default)",
     "python3 -m venv": "creates a virtual environment (scripts/setup.sh makes CI's)",
     "pip install": "installs PyPI packages (scripts/setup.sh installs the same in CI)",
     "python scripts/mkdocs_hooks.py": "rewrites or checks the docs' generated text (test_generated_text_is_in_sync)",
@@ -134,17 +136,73 @@ def test_a_page_that_recounts_its_history_is_refused(history):
     assert HOOKS.problems(f"# A page\n\nThe number, {history}.\n", "docs/page.md")
 
 
-def test_no_page_recounts_its_history_and_every_method_page_names_its_paper():
+def test_no_page_breaks_the_rules_of_a_users_page():
     assert [problem for page in PAGES for problem in HOOKS.problems(page.read_text(),
                                                                     page.relative_to(ROOT).as_posix())] == []
-    assert HOOKS.problems("# DPDM\n\nA diffusion model.\n", "docs/methods/dpdm.md") == [
+
+
+def test_a_method_page_without_its_paper_or_its_sections_is_refused():
+    sections = "".join(f"## {section}\n\nText.\n\n" for section in HOOKS.docs_rules.METHOD_SECTIONS)
+    paper = "**Paper:** Someone. *A title.* A venue, 2023. [arXiv](https://arxiv.org/abs/1)\n\n"
+    assert HOOKS.problems(f"# DPDM\n\n{paper}{sections}", "docs/methods/dpdm.md") == []
+    assert HOOKS.problems(f"# DPDM\n\n{sections}", "docs/methods/dpdm.md") == [
         "docs/methods/dpdm.md: the paper reference lacks a **Paper:** line"]
-    assert HOOKS.problems("# DPDM\n\n**Paper:** Someone. *A title.* A venue.\n", "docs/methods/dpdm.md") == [
+    undated = "**Paper:** Someone. *A title.* A venue.\n\n"
+    assert HOOKS.problems(f"# DPDM\n\n{undated}{sections}", "docs/methods/dpdm.md") == [
         f"docs/methods/dpdm.md: the paper reference lacks {part}" for part in ("a year", "a link")]
+    history = f"# DPDM\n\n{paper}{sections}## Why the preset looks like this\n\nText.\n"
+    assert HOOKS.problems(history, "docs/methods/dpdm.md") == [
+        "docs/methods/dpdm.md: a method page has the sections " + ", ".join(HOOKS.docs_rules.METHOD_SECTIONS)
+        + " (in that order); this one has " + ", ".join([*HOOKS.docs_rules.METHOD_SECTIONS,
+                                                        "Why the preset looks like this"])]
+
+
+@pytest.mark.parametrize("page, problem", [
+    ("A step took 2.5 s.\n", "measured '2.5 s'"),
+    ("The CNN gave 76.6 % here.\n", "measured '76.6 %'"),
+    ("Twice the steps buy FID∞ 70.1 and run 1.5x longer.\n", "measured 'FID∞ 70.1', '1.5x'"),
+    ("Measured on an Intel Xeon:\n\n| run | time |\n| --- | --- |\n| a | 3 min |\n", "measured '3 min'"),
+])
+def test_a_measured_number_without_its_record_or_its_cpu_and_date_is_refused(page, problem):
+    found = [found for found in HOOKS.problems(f"# A page\n\n{page}", "docs/page.md") if "measured" in found]
+    assert len(found) == 1 and problem in found[0], found
+
+
+@pytest.mark.parametrize("page", [
+    "A step took 2.5 s on an AMD EPYC, 2026-11-24.\n",
+    "On an Intel Xeon, 2026-11-27:\n\n| run | time |\n| --- | --- |\n| a | 3 min |\n",
+    "## A section\n\nOn an AMD EPYC, 2026-11-24.\n\nA step took 2.5 s.\n",
+    "DPDM gave <!-- bench: cpu dpdm 10 accuracy_cnn -->76.6 ± 0.2 %<!-- /bench --> on the bench.\n",
+    "The paper reports 85.6 % at ε = 10.\n",
+    "A budget of `--time-budget 30m`, a 24-GB card, ε = 10, 20,000 images, 28 x 28 pixels.\n",
+])
+def test_a_number_with_its_record_its_cpu_and_date_or_its_paper_passes(page):
+    assert [found for found in HOOKS.problems(f"# A page\n\n{page}", "docs/page.md") if "measured" in found] == []
+
+
+def test_a_glossary_term_is_linked_where_a_page_first_uses_it():
+    linked = "A [DP-SGD](reference/glossary.md#dp-sgd) step, then DP-SGD again.\n"
+    assert HOOKS.problems(f"# DP-SGD\n\n{linked}", "docs/page.md") == []  # a heading is not a use
+    assert HOOKS.problems("# A page\n\nA [DP-SGD](reference/glossary.md#dp-sgd) step.\n",
+                          "docs/guides/page.md") == [
+        "docs/guides/page.md:3: 'DP-SGD' is first used without a link to its glossary entry "
+        "(../reference/glossary.md#dp-sgd)"]
+    assert HOOKS.problems("# A page\n\nThe FID∞ of the images.\n", "docs/page.md") == [
+        "docs/page.md:3: 'FID∞' is first used without a link to its glossary entry "
+        "(reference/glossary.md#fid-infinity)"]
+    assert HOOKS.problems("# A page\n\n`DP-SGD` in code is not a use.\n", "docs/page.md") == []
+
+
+def test_every_troubleshooting_entry_quotes_an_error_dpsynth_prints():
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    quoted = re.findall(r"^### `([^`]+)`$", page, re.MULTILINE)
+    source = "\n".join(path.read_text() for path in (ROOT / "dpsynth").rglob("*.py"))
+    assert len(quoted) >= 10
+    assert [text for text in quoted if text not in source] == []
 
 
 def test_the_privacy_json_example_quotes_the_bench_release_it_names():
-    page = (ROOT / "docs" / "getting-started.md").read_text()
+    page = (ROOT / "docs" / "reference" / "release-files.md").read_text()
     shown = json.loads(re.search(r"```json\n(.*?)```", page, re.DOTALL)[1])
     source = re.search(r"`(benchmarks/results/[^`]+/privacy\.json)`", page)[1]
     recorded = json.loads((ROOT / source).read_text())
@@ -154,14 +212,15 @@ def test_the_privacy_json_example_quotes_the_bench_release_it_names():
 
 
 def test_the_released_model_measurement_quotes_its_record():
-    page = (ROOT / "docs" / "own-data.md").read_text()
+    page = (ROOT / "docs" / "guides" / "own-data.md").read_text()
     record = json.loads((ROOT / "benchmarks/results/released-model/records.jsonl").read_text().splitlines()[-1])
     draws = record["draws"]
     quoted = (f"released {record['images']:,} images of FID∞ {record['release']:.1f}",
               ", ".join(f"{value:.1f}" for value in draws[:-1]) + f" and {draws[-1]:.1f}",
               f"({statistics.mean(draws):.1f} ± {statistics.stdev(draws):.1f})",
               f"commit {record['commit'].split('+')[0]}, {record['date']}")
-    assert all(text in " ".join(page.split()) for text in quoted), quoted
+    prose = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", " ".join(page.split()))  # links read as their text
+    assert all(text in prose for text in quoted), quoted
 
 
 def test_the_docs_build_refuses_a_page_out_of_sync_with_history_or_without_its_paper():
@@ -170,7 +229,8 @@ def test_the_docs_build_refuses_a_page_out_of_sync_with_history_or_without_its_p
     assert HOOKS.on_page_markdown(current, page=page) == current
     stale = re.sub(r"(<!-- steps: [^>]+ -->)[^<]*", r"\g<1>1", current, count=1)
     for broken, problem in [(stale, "out of sync"), (current + "\nMeasured in issue 7.\n", "issue 7"),
-                            ("# DPDM\n", "lacks a \\*\\*Paper:\\*\\* line")]:
+                            ("# DPDM\n", "lacks a \\*\\*Paper:\\*\\* line"),
+                            (current + "\nA step took 2.5 s.\n", "measured '2.5 s'")]:
         with pytest.raises(HOOKS.OutOfSync, match=problem):
             HOOKS.on_page_markdown(broken, page=page)
 

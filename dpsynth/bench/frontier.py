@@ -91,9 +91,15 @@ def _machine_type(bench: Path) -> tuple[str, str | None]:
     return cpu, ran_on.group(1).removeprefix(cpu + ", ") if ran_on else None
 
 
+def _dates(benches: list[Path]) -> str:
+    """The days the records of ``benches`` were written: one date, or the first and the last."""
+    days = sorted({record.provenance(bench)["generated"].split()[0] for bench in benches})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
 def table(benches: list[Path]) -> str:
     """A Markdown table of the points of ``benches``, under a line naming the machine that measured them."""
-    lines = [f"Measured on {machine(benches)}.", "",
+    lines = [f"Measured on {machine(benches)}, {_dates(benches)}.", "",
              "| method | ε | model, DP-SGD | synthesis h (CPU-h) | acc. cnn | FID∞ | bench |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for p in points(benches):

@@ -15,6 +15,7 @@ FORMATS = {"epsilon": (1, 3, ""), "fid": (1, 1, ""), "fid_infinity": (1, 1, ""),
            "precision": (1, 3, ""), "recall": (1, 3, ""), "synthesis_wall_min": (1, 1, ""),
            "synthesis_cpu_min": (1, 1, ""), "evaluation_wall_min": (1, 1, ""), "evaluation_cpu_min": (1, 1, ""),
            "peak_rss_gib": (1, 2, ""), "public_pretraining_min": (1, 1, "")}
+TEXTS = {"privacy_split"}  # columns quoted as written: each stage's share of epsilon
 NOT_YET = "(not yet measured)"
 HEADER = re.compile(r"^- (generated|machine):? (.*)$", re.MULTILINE)
 
@@ -62,19 +63,22 @@ def value(bench: Path, method: str, epsilon: float, key: str, dataset: str | Non
     if not planned:
         raise DpsynthError(f"{bench}: no cell {method} at target epsilon {epsilon:g}"
                            + (f" on {dataset}" if dataset else ""))
-    if key not in planned[0] or (key not in FORMATS and not key.startswith("accuracy_")):
+    if key not in planned[0] or (key not in FORMATS and key not in TEXTS and not key.startswith("accuracy_")):
         raise DpsynthError(f"{bench}: no column {key!r} to quote; one of {', '.join(_quotable(planned[0]))}")
     rows = [row for row in planned if row["status"] == "done"]
     if not rows:
         return NOT_YET
     if key.startswith("accuracy_"):
         return _accuracy(rows, key)
+    if key in TEXTS:
+        return str(rows[0][key])
     scale, digits, unit = FORMATS[key]
     return spread([row[key] for row in rows], scale, digits, unit)
 
 
 def _quotable(row: dict[str, Any]) -> list[str]:
-    return [key for key in row if key in FORMATS or (key.startswith("accuracy_") and not key.endswith("_std"))]
+    return [key for key in row if key in FORMATS or key in TEXTS
+            or (key.startswith("accuracy_") and not key.endswith("_std"))]
 
 
 def _accuracy(rows: list[dict[str, Any]], key: str) -> str:
