@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from page_commands import BLOCK, commands  # tests/, beside this file
 
 from dpsynth.cli import main
 from dpsynth.methods import METHODS
@@ -23,7 +24,6 @@ _SPEC = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" 
 HOOKS = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(HOOKS)
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-BLOCK = re.compile(r"(<!-- long: (?P<why>[^>]*) -->\n)?```(?P<language>\w*)\n(?P<code>.*?)```", re.DOTALL)
 
 # Commands the pages show that take more than a minute or need what a test machine lacks: why each is not run.
 NOT_RUN = {
@@ -46,13 +46,6 @@ NOT_RUN = {
 }
 # A path on the user's machine, or a placeholder to fill in (`[--option]`, `<time>`, RUN_DIR).
 NEEDS_USER_DATA = re.compile(r" /data/|\[--|<\w+>|RUN_DIR|FILE\.npz")
-
-
-def commands(code: str) -> list[str]:
-    """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
-    joined = code.replace("\\\n", " ")
-    return [line for line in (" ".join(shlex.split(raw, comments=True)) if raw.strip() else "" for raw in
-                              joined.splitlines()) if line]
 
 
 def normalised(command: str) -> str:

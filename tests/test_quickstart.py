@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -12,17 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
+from page_commands import BLOCK, commands  # tests/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"
 PROMISED_SECONDS = 120  # the page's title: "A first run in two minutes"
-SHELL_BLOCK = re.compile(r"(<!-- long: [^>]*-->\n)?```bash\n(.*?)```", re.DOTALL)
 
 
 def quickstart_commands() -> list[list[str]]:
     """The commands of the page's shell blocks that are not marked long, split as a shell would."""
-    return [shlex.split(line) for long, code in SHELL_BLOCK.findall(PAGE.read_text()) if not long
-            for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+    return [shlex.split(command) for block in BLOCK.finditer(PAGE.read_text())
+            if block["language"] == "bash" and block["why"] is None for command in commands(block["code"])]
 
 
 def fresh_copy(destination: Path) -> Path:
