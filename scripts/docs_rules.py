@@ -4,7 +4,7 @@
   accuracy) is generated from a record (a marker pair) or stands in a paragraph, list item or table that names
   the CPU or GPU and the date it was measured on (or whose introducing paragraph, or its section's first
   paragraph, does), or cites the paper that reports it ("the paper reports", "Table 3"). A setting is
-  written as code (```--time-budget 30m```), not as prose.
+  written as code (``--time-budget 30m``), not as prose.
 - A term the glossary defines is a link to its glossary entry the first time a page uses it.
 - A method page has the agreed sections, in the agreed order.
 """
@@ -27,6 +27,9 @@ CODE = re.compile(r"^(```|~~~).*?^\1|`[^`]+`", re.DOTALL | re.MULTILINE)
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
 BLOCK_SPLIT = re.compile(r"\n[ \t]*\n")
+HEADING = re.compile(r"^#.*$", re.MULTILINE)
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+LINK_TARGET = re.compile(r"\]\([^)\s]+\)")
 METHOD_SECTIONS = ("When to use it", "How it works", "Where dpsynth departs from the paper", "Settings",
                    "What to expect")
 
@@ -121,11 +124,9 @@ def unlinked_terms(markdown: str, name: str, terms: list[Term], generated: re.Pa
                    glossary_link: str) -> list[str]:
     """A message for each glossary term whose first use on the page is not a link to its entry. Headings are
     not uses (they cannot hold links); a link's target is not either."""
-    text = prose(markdown, generated)
-    text = re.sub(r"^#.*$", lambda match: " " * len(match.group(0)), text, flags=re.MULTILINE)
-    links = [(match.start(1), match.end(1), match.group(2)) for match in
-             re.finditer(r"\[([^\]]+)\]\(([^)\s]+)\)", text)]
-    text = re.sub(r"\]\([^)\s]+\)", lambda match: " " * len(match.group(0)), text)
+    text = _blanked(HEADING, prose(markdown, generated))
+    links = [(match.start(1), match.end(1), match.group(2)) for match in LINK.finditer(text)]
+    text = _blanked(LINK_TARGET, text)
     found = []
     for term in terms:
         first = term.pattern.search(text)
