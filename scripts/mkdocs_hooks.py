@@ -150,9 +150,8 @@ def odds(epsilons: list[float]) -> str:
     for epsilon in epsilons:
         factor = math.exp(epsilon)
         after = [factor * prior / (factor * prior + 1 - prior) for prior in (0.5, 0.01)]
-        rows.append(f"| {epsilon:g} | {factor:,.1f} | {_percent(after[0])} | {_percent(after[1])} |"
-                    if factor < 100 else f"| {epsilon:g} | {factor:,.0f} | {_percent(after[0])} | "
-                    f"{_percent(after[1])} |")
+        shown = f"{factor:,.1f}" if factor < 100 else f"{factor:,.0f}"
+        rows.append(f"| {epsilon:g} | {shown} | {_percent(after[0])} | {_percent(after[1])} |")
     return "\n".join(rows)
 
 
