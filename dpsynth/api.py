@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from .autoplan.plan import auto_preset
+from .autoplan.regime import VERDICT_ORDER, Assessment, PlannedTraining, Start, Verdict, assess
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     SCHEMA,
@@ -35,12 +37,14 @@ from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from .generators import Generator, read_generator
 from .hardware import AUTO, check_threads, hardware_choices
 from .methods import get_method
+from .models.upscaler import SavedUpscaler, load_upscaler
 from .privacy import (
     ACCOUNTANTS,
     Accountant,
     Event,
     GaussianMechanism,
     PlannedStage,
+    SubsampledGaussianMechanism,
     budget_report,
     default_delta,
     non_private_stages,
@@ -50,6 +54,7 @@ from .privacy.accountant import check_delta, check_epsilon
 from .privacy.mechanisms import noisy_count
 from .privacy.randomness import SecretStream, stream_key
 from .runs import MODEL_CARD, RELEASE
+from .training.upscaler import default_upscaler
 from .utils.device import pick_device
 
 # The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
@@ -58,6 +63,9 @@ SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
 # sensitivity (stage SHAPE_STAGE).
 SHAPE_NOISE, SHAPE_STAGE = 25.0, "dataset-shape"
 SHAPE_TRUSTED = 8  # below this many SHAPE_NOISEs of noisy votes in all, a run warns that noise decided the shape
+# With groups and a derived plan that prices a step: the training split's images, each person's capped at
+# privacy.max_images_per_group, plus N(0, (IMAGES_NOISE x the cap)^2) (stage IMAGES_STAGE), over the public N.
+IMAGES_NOISE, IMAGES_STAGE = 50.0, "images-per-group"
 
 
 def resolve_config(
@@ -217,6 +225,26 @@ def noisy_total(dataset: Dataset, config: Config) -> int:
     return max(noisy, least_total(*held_out_of(config), info.official_test))
 
 
+def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
+    """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
+    derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
+    return (config["preset"] == AUTO_PRESET and info.unit == "group"
+            and "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys)
+
+
+def noisy_images_per_group(dataset: Dataset, config: Config) -> float:
+    """The mean number of images a DP-SGD step reads of a person: the training split's images, each person's capped
+    at ``privacy.max_images_per_group``, plus N(0, (IMAGES_NOISE x cap)^2) from a stream of its own (the run
+    records :data:`IMAGES_STAGE`), over the public N; within [1, cap] (post-processing), to 2 decimals."""
+    cap = PrivacySettings.of(config).max_images_per_group
+    groups = dataset.train.groups
+    assert groups is not None  # draws_images_per_group: the data has groups
+    capped = torch.bincount(torch.unique(groups, return_inverse=True)[1]).clamp(max=cap).sum()
+    noise = SecretStream(stream_key(RunSettings.of(config).seed, IMAGES_STAGE))
+    noisy = noisy_count(float(capped), IMAGES_NOISE * cap, noise)
+    return round(min(max(noisy / dataset.info.num_train, 1.0), float(cap)), 2)
+
+
 def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) -> int:
     """The smallest number of units that the validation and test sizes leave one training unit (a loaded
     dataset's own total does, so the search ends)."""
@@ -265,9 +293,41 @@ def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
 
 def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
     """The mechanisms a run of ``config`` on ``info`` releases facts of its dataset with, before the method's:
-    the shape a DP vote decides, then the noisy size."""
+    the shape a DP vote decides, the noisy size, and with groups under a derived plan the noisy mean of a
+    person's images."""
     shape = [PlannedStage(SHAPE_STAGE, event=GaussianMechanism(SHAPE_NOISE))] if draws_noisy_shape(config) else []
-    return shape + ([PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else [])
+    size = [PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else []
+    images = ([PlannedStage(IMAGES_STAGE, event=GaussianMechanism(IMAGES_NOISE))]
+              if draws_images_per_group(config, info) else [])
+    return shape + size + images
+
+
+# The DP-SGD stage whose training the recorded outcomes measure (a diffusion model's: autoplan.regime).
+TRAINING_STAGE = "dp-sgd"
+
+
+def training_regime(config: Config, info: DatasetInfo, budget: BudgetPlan) -> list[Assessment]:
+    """The recorded outcomes' verdict on each calibrated DP-SGD step of ``config``'s stage :data:`TRAINING_STAGE`
+    (:mod:`dpsynth.autoplan.regime`): sigma, the expected batch q x N, the steps and the side, all public."""
+    start: Start = "public model" if get_method(config["method"])(config).starts_from_public_model() else "random"
+    return [assess(PlannedTraining(TRAINING_STAGE, event.noise_multiplier, event.sample_rate * info.num_train,
+                                   event.steps, info.height, start))
+            for event in budget.stages.get(TRAINING_STAGE, []) if isinstance(event, SubsampledGaussianMechanism)]
+
+
+def check_training_regime(config: Config, assessments: list[Assessment]) -> None:
+    """ConfigError, with what would do, when the recorded outcomes say the plan's DP-SGD will not learn, unless
+    ``plan.force`` is set."""
+    failing = [assessment for assessment in assessments if assessment.verdict == "fails"]
+    if not failing or PlanSettings.of(config).force:
+        return
+    facts = "\n".join(line for assessment in failing for line in assessment.lines())
+    raise ConfigError(
+        f"{facts}\nnothing was spent: this plan's DP-SGD is where every recorded run learned nothing. What would "
+        "do: a longer --time-budget (more steps, larger batches), a smaller training side lifted back by a public "
+        "upscaler (--set dataset.train_resolution=32), a "
+        "method that releases a few noisy statistics (dp-merf; dp-feta's central images; pe), a model pre-trained "
+        "on public images (pdp-diffusion), or a GPU; --set plan.force=true runs it anyway (the datasheet says so)")
 
 
 def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
@@ -284,19 +344,107 @@ def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
 
 def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_size: bool = False
                    ) -> tuple[Config, Dataset]:
-    """The config a run of ``config`` on ``dataset`` uses, and the dataset with its planning size: for preset
-    ``auto`` the plan derived on ``device`` (:mod:`dpsynth.autoplan`); a fixed preset checked to fit the data.
+    """The config a run of ``config`` on ``dataset`` uses, and the dataset as training reads it (its planning size,
+    at the training side :func:`training_dataset` gives): for preset ``auto`` the plan derived on ``device``
+    (:mod:`dpsynth.autoplan`), its training side chosen by :func:`with_training_side`; a fixed preset checked to
+    fit the data.
 
     A derived plan reads N, so where the size is private it follows the noisy count, which ``draw_size`` (a run)
     draws now, before the plan (``privacy.noisy_dataset_size``; the run records its mechanism); without it (a
     plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses it."""
     from .autoplan.plan import derive_config
 
+    began = time.perf_counter()
     if draw_size and config["preset"] == "auto" and with_public_size(config, dataset).info.size_rule == "private":
         config = copy.deepcopy(config)
         config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
     dataset = with_public_size(config, dataset)
-    return derive_config(config, dataset.info, device), dataset
+    if draw_size and draws_images_per_group(config, dataset.info) and \
+            PrivacySettings.of(config).noisy_images_per_group is None:
+        config = copy.deepcopy(config)
+        config["privacy"]["noisy_images_per_group"] = noisy_images_per_group(dataset, config)
+    config = with_training_side(config, dataset.info, device)
+    info = training_info(config, dataset.info)
+    if draw_size and info.release_side is not None and config["preset"] == AUTO_PRESET:
+        started = time.perf_counter()  # a run trains the default upscaler once per side, within its budget
+        upscaler = release_upscaler(config, info, device)
+        assert upscaler is not None  # the release side is above the training side
+        config = copy.deepcopy(config)
+        config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()),
+                                       f"release.upscaler {upscaler.name!r} ready in "
+                                       f"{time.perf_counter() - started:.0f} s (public images only)"]
+    # the budget covers the whole command: what the side search and the upscaler took is spent already
+    return derive_config(config, info, device, spent=time.perf_counter() - began), training_dataset(config, dataset)
+
+
+# The sides a derived plan may train at below the data's (then lifted by the release's upscaler).
+TRAINING_SIDES = (28, 32, 64)
+
+
+def training_info(config: Config, info: DatasetInfo) -> DatasetInfo:
+    """``info`` as training reads the data: at ``dataset.train_resolution`` where that is below its side (ConfigError
+    where it is above)."""
+    side = DatasetSettings.of(config).train_resolution
+    if not isinstance(side, int) or side == info.height:
+        return info
+    if side > info.height:
+        raise ConfigError(f"dataset.train_resolution {side}: above the data's side, {info.height} px; training reads "
+                          "the images at their side or smaller")
+    return replace(info, height=side, width=side, release_side=info.height)
+
+
+def training_dataset(config: Config, dataset: Dataset) -> Dataset:
+    """``dataset`` as training reads it (:func:`training_info`): its images shrunk by area averaging where
+    ``dataset.train_resolution`` is below their side."""
+    side = training_info(config, dataset.info).height
+    return dataset if side == dataset.info.height else dataset.at_side(side)
+
+
+def with_training_side(config: Config, info: DatasetInfo, device: torch.device) -> Config:
+    """``config`` with ``dataset.train_resolution`` chosen, for a derived plan that left it auto on data at least
+    twice the smallest of :data:`TRAINING_SIDES`: from the smallest side up (each at most half the data's), then the
+    data's side, the plan at each side is judged by the recorded outcomes (:func:`training_regime`); the largest
+    side at which it is expected to learn, else the smallest side. Every side's verdict is recorded in the plan's
+    decisions. Unchanged for a method whose training the records do not measure (PE, DP-MERF, DP-SAD, ...)."""
+    from .autoplan.plan import derive_config
+
+    kept = PlanSettings.of(config).user_keys
+    smaller = [side for side in TRAINING_SIDES if 2 * side <= info.height]  # a lift of less than 2x buys little
+    recorded = "dpsgd" in get_method(config["method"]).dpsgd_sections  # a diffusion model's DP-SGD (TRAINING_STAGE)
+    if config["preset"] != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
+        return config
+    tried: list[tuple[int, Verdict, Config]] = []
+    for side in [*smaller, info.height]:
+        trial = copy.deepcopy(config)
+        trial["dataset"]["train_resolution"] = side
+        at_side = training_info(trial, info)
+        planned = derive_config(trial, at_side, device)
+        regime = training_regime(planned, at_side, plan_budget_for(planned, at_side))
+        verdict = max((item.verdict for item in regime), key=VERDICT_ORDER.index)
+        tried.append((side, verdict, trial))
+        if verdict != "learns":
+            break
+    learned = [choice for choice in tried if choice[1] == "learns"]
+    side, _, chosen = learned[-1] if learned else tried[0]
+    words = ", ".join(f"{tried_side} px {tried_verdict}" for tried_side, tried_verdict, _ in tried)
+    lift = f", the release lifted to {info.height} px by release.upscaler" if side < info.height else ""
+    chosen["plan"]["decisions"] = [f"training side {side} px of the data's {info.height} ({words}){lift}"]
+    return chosen
+
+
+def release_upscaler(config: Config, info: DatasetInfo, device: torch.device) -> SavedUpscaler | None:
+    """The model that lifts the release from the training side to ``info.release_side`` (None when training reads
+    the data at its side): ``release.upscaler``'s folder, or the default one (trained once per side on images
+    that installed packages ship); ConfigError when it lifts to another side."""
+    if info.release_side is None:
+        return None
+    setting = ReleaseSettings.of(config).upscaler
+    saved = default_upscaler(info.release_side, device) if setting == "default" else load_upscaler(setting)
+    if saved.record.get("side") != info.release_side:
+        raise ConfigError(f"release.upscaler: {saved.folder} lifts images to {saved.record.get('side')} px, but the "
+                          f"release is at the data's {info.release_side} px; write one for that side with dpsynth "
+                          f"pretrain --upscaler --set dataset.resolution={info.release_side}")
+    return saved
 
 
 def format_derived_plan(config: Config) -> str:
@@ -315,9 +463,10 @@ def format_derived_plan(config: Config) -> str:
     return "\n".join(lines)
 
 
-def plan_privacy(config: Config, info: DatasetInfo) -> dict[str, Any]:
-    """The run's privacy plan: each stage's noise (one calibrated) and share of the target epsilon."""
-    plan = plan_budget_for(config, info)
+def plan_privacy(config: Config, info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
+    """The run's privacy plan (``plan``, else calibrated now): each stage's noise (one calibrated) and share of the
+    target epsilon."""
+    plan = plan or plan_budget_for(config, info)
     report = budget_report(plan.stages, plan.accountant, plan.delta)
     return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
             **report}

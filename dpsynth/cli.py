@@ -101,14 +101,39 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pretrain_upscaler(args: argparse.Namespace) -> None:
+    """``dpsynth pretrain --upscaler``: a release's upscaler trained on a public dataset at its resolution."""
+    from .training.upscaler import UpscalerTraining, train_upscaler
+    from .utils.device import pick_device
+
+    if args.for_method or args.preset or any(not item.startswith("dataset.") for item in args.set):
+        raise DpsynthError("--upscaler trains the release's upscaler: give it --dataset, --out, --iterations, "
+                           "--batch-size, --lr and --set dataset.*, not --for, --preset or model keys")
+    dataset = _load_dataset(args.dataset, args.data_dir, args.set)
+    side = dataset.info.height
+    training = UpscalerTraining(iterations=args.iterations or UpscalerTraining.iterations,
+                                batch_size=args.batch_size or UpscalerTraining.batch_size,
+                                lr=args.lr or UpscalerTraining.lr)
+    saved = train_upscaler([dataset.train], side, args.out, training, pick_device(args.device or "auto"),
+                           Path(args.out).name, f"dataset {args.dataset} ({dataset.info.source})")
+    print(f"saved an upscaler to {side} px trained on {len(dataset.train)} public {args.dataset} images: "
+          f"{saved.folder} (weights' SHA-256 {saved.weights_sha256})")
+    print(f"lift a release made smaller with it: dpsynth run METHOD --set release.upscaler={saved.folder} ...")
+
+
 def _pretrain(args: argparse.Namespace) -> None:
     from .api import resolve_config
     from .diffusion.pretrain import pretrain
     from .utils.device import pick_device
 
+    if args.upscaler:
+        _pretrain_upscaler(args)
+        return
     dataset_keys = [item for item in args.set if item.startswith("dataset.")]
     method_keys = [item for item in args.set if not item.startswith("dataset.")]
-    training = {"iterations": args.iterations, "batch_size": args.batch_size, "lr": args.lr}
+    training: dict[str, Any] = {"iterations": args.iterations or PretrainSettings.iterations,
+                                "batch_size": args.batch_size or PretrainSettings.batch_size,
+                                "lr": args.lr or PretrainSettings.lr}
     if args.for_method:
         config = resolve_config(args.for_method, preset=args.preset, overrides=method_keys)
         if "init_from" not in config.get("model", {}):
@@ -137,19 +162,35 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
-    from .api import dataset_from_config, format_derived_plan, plan_privacy, planned_config, resolve_config
+    from .api import (
+        dataset_from_config,
+        format_derived_plan,
+        plan_budget_for,
+        plan_privacy,
+        planned_config,
+        resolve_config,
+        training_regime,
+    )
     from .utils.device import pick_device
 
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
     config, dataset = planned_config(config, dataset_from_config(config), pick_device(RunSettings.of(config).device))
-    plan = plan_privacy(config, dataset.info)
+    budget = plan_budget_for(config, dataset.info)
+    plan, regime = plan_privacy(config, dataset.info, budget), training_regime(config, dataset.info, budget)
     if args.json:
         derived_plan = asdict(PlanSettings.of(config)) if config["preset"] == "auto" else None
-        print(json.dumps({**plan, "derived": derived_plan}, indent=2))
+        regime_rows = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
+                        "steps": item.plan.steps, "verdict": item.verdict,
+                        "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in regime]
+        print(json.dumps({**plan, "derived": derived_plan, "training_regime": regime_rows}, indent=2))
     else:
         derived = PlanSettings.of(config).decisions
         print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
+        for line in (line for item in regime for line in item.lines()):
+            print(line)
+        if any(item.verdict == "fails" for item in regime) and not PlanSettings.of(config).force:
+            print("dpsynth run refuses this plan (--set plan.force=true runs it anyway)")
         print(f"unit of privacy: {dataset.info.unit_words()}")
 
 
@@ -474,9 +515,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a class-conditional model shaped as METHOD's (its model and diffusion sections), "
                                "to start its runs from (--init-from); default: an unconditional model for PE")
     pretrain.add_argument("--preset", help="with --for: the preset whose model to shape (default the method's)")
-    pretrain.add_argument("--iterations", type=int, default=PretrainSettings.iterations, help="Adam steps")
-    pretrain.add_argument("--batch-size", type=int, default=PretrainSettings.batch_size, help="images per step")
-    pretrain.add_argument("--lr", type=float, default=PretrainSettings.lr, help="Adam's learning rate")
+    pretrain.add_argument("--upscaler", action="store_true",
+                          help="train the release's upscaler instead (release.upscaler): it lifts a release made at a "
+                               "smaller dataset.train_resolution to the public images' resolution")
+    pretrain.add_argument("--iterations", type=int, help=f"Adam steps (default {PretrainSettings.iterations}; "
+                                                         "300 with --upscaler)")
+    pretrain.add_argument("--batch-size", type=int, help=f"images per step (default {PretrainSettings.batch_size}; "
+                                                         "16 with --upscaler)")
+    pretrain.add_argument("--lr", type=float, help=f"Adam's learning rate (default {PretrainSettings.lr:g}; 0.002 "
+                                                   "with --upscaler)")
     pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(pretrain, "dataset.resolution=32")
     pretrain.set_defaults(handler=_pretrain)

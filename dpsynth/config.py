@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-SCHEMA = 3  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+SCHEMA = 4  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
 
 
 S = TypeVar("S")
@@ -61,7 +61,9 @@ class DatasetSettings(Section):
     and photo-patches, are 32 x 32 RGB), its classes and how many images to read; how a folder's 16-bit and DICOM
     values map to 8 bits (``window``: [low, high] in their units; auto: voted with the shape when the shape is
     voted, else the full range; full: the full range of their type), where its decoded images are kept
-    (private: they are the images; null keeps none), and the title and description the holder gives the release."""
+    (private: they are the images; null keeps none), and the title and description the holder gives the release;
+    ``train_resolution``: the side training reads the images at (a smaller one: shrunk by area averaging, the release
+    lifted back by ``release.upscaler``; auto: the derived plan's choice, else the data's side)."""
 
     section: ClassVar[str] = "dataset"
     name: str = "fashion-mnist"
@@ -71,6 +73,7 @@ class DatasetSettings(Section):
     split_seed: int = 0
     resolution: int | Auto = positive(default="auto")
     channels: int | Auto = positive(default="auto")
+    train_resolution: int | Auto = positive(default="auto")  # auto: the plan's choice (preset auto), else the data's
     num_classes: int | None = positive(default=None)
     num_images: int | None = positive(default=None)
     window: Literal["auto", "full"] | tuple[float, ...] = "auto"
@@ -90,7 +93,8 @@ class PrivacySettings(Section):
     the training set's size (auto: published, declared or a noisy count; noisy: a noisy count), and with groups
     (one person's images) the most of a group's images a DP-SGD step reads (the group's mean gradient is clipped,
     so the bound holds for any number; this caps the work). ``noisy_dataset_size``, ``noisy_shape`` ([channels,
-    side]) and ``noisy_window`` (shares of the full range) are written by a run, never by the user
+    side]), ``noisy_window`` (shares of the full range) and ``noisy_images_per_group`` (the noisy mean of a person's
+    images, capped, that a derived plan prices a step by) are written by a run, never by the user
     (:data:`RUN_WRITTEN`)."""
 
     section: ClassVar[str] = "privacy"
@@ -102,13 +106,15 @@ class PrivacySettings(Section):
     noisy_shape: tuple[int, ...] | None = None
     noisy_window: tuple[float, ...] | None = None
     max_images_per_group: int = positive(default=16)
+    noisy_images_per_group: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSettings(Section):
     """The ``plan`` section of ``--preset auto``: the time budget of the whole run; what the user set (kept), the
     base preset, the probe's measurements, the decisions and the expected seconds of each phase (written by
-    :mod:`dpsynth.autoplan`)."""
+    :mod:`dpsynth.autoplan`); ``force``: run a plan whose DP-SGD the recorded outcomes say will not learn
+    (:mod:`dpsynth.autoplan.regime`) instead of refusing it, any preset."""
 
     section: ClassVar[str] = "plan"
     time_budget: str = "30m"
@@ -117,6 +123,7 @@ class PlanSettings(Section):
     probe: dict | None = None
     decisions: tuple[str, ...] | None = None
     expected_seconds: dict | None = None
+    force: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,10 +154,14 @@ class SamplingSettings(Section):
 @dataclass(frozen=True, kw_only=True)
 class ReleaseSettings(Section):
     """The ``release`` section: what the release holds beside the synthetic images; ``model``: the trained generator
-    they were sampled from (``model.safetensors`` and ``model.json``), for the methods that train one."""
+    they were sampled from (``model.safetensors`` and ``model.json``), for the methods that train one;
+    ``upscaler``: the model trained on public images only that lifts a release made at ``dataset.train_resolution``
+    to the data's side (``default``: built from images that installed packages ship; else a folder written by
+    ``dpsynth pretrain --upscaler``)."""
 
     section: ClassVar[str] = "release"
     model: bool = False
+    upscaler: str = "default"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +219,8 @@ RUN_WRITTEN = {
                             "declare it: dataset.window=[low, high]",
     "privacy.noisy_shape": "the shape a DP vote of a folder's images decided; to choose it without noise, declare "
                            "it: dataset.resolution=R and dataset.channels=C",
+    "privacy.noisy_images_per_group": "the noisy mean of images a derived plan read per person; to price a step "
+                                      "without noise, declare the most a person has: privacy.max_images_per_group=K",
 }
 
 
@@ -356,13 +369,15 @@ def migrate(config: Config, source: str) -> Config:
     """``config`` as :data:`SCHEMA`: an older one gets every shared key it lacks with its default (schema 1 lacks
     ``dataset.window``, ``dataset.cache_dir``, ``dataset.title``, ``dataset.description`` and
     ``privacy.noisy_window``: its 16-bit images were not read, so the defaults keep its behaviour; schema 2 lacks
-    ``release.model``, false as its runs released no model), and one without ``schema`` (schema 0)
+    ``release.model``, false as its runs released no model; schema 3 lacks ``plan.force``, false as no plan was
+    refused then, ``dataset.train_resolution``, ``release.upscaler`` and ``privacy.noisy_images_per_group``, unused
+    as it trained at the data's side and priced a group's step at the cap), and one without ``schema`` (schema 0)
     :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the fix for a
     schema this dpsynth does not know."""
     version = config.get("schema", 0)
     if version == SCHEMA:
         return config
-    if version not in (0, 1, 2):
+    if version not in (0, 1, 2, 3):
         raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
                           "read it with the dpsynth that wrote it, or upgrade dpsynth")
     migrated: Config = {"schema": SCHEMA, **{key: copy.deepcopy(value) for key, value in config.items()

@@ -32,9 +32,15 @@ def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels:
         *_per_class(info, labels, method), "", *_not(report), ""])
 
 
+def released_shape(info: DatasetInfo) -> tuple[int, int, int]:
+    """The released images' shape: the data's, also where training read them smaller."""
+    side = info.release_side or info.height
+    return (info.channels, side, side)
+
+
 def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
           soft_labels: bool, model: Generator | None) -> list[str]:
-    shape = " x ".join(map(str, info.shape))
+    shape = " x ".join(map(str, released_shape(info)))
     arrays = "`images` (uint8, N x C x H x W), `labels`, `class_names`" + (
         ", `soft_labels` and `soft_label_temperature` (the teacher's class probabilities)" if soft_labels else "")
     made = report["dpsynth"]
@@ -43,11 +49,25 @@ def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.
             "`samples.png` shows one row per class.",
             *([f"- The generator they were sampled from, in `{MODEL_WEIGHTS}` and `{CARD}` (see The model)."]
               if model is not None else []),
+            *_lifted(report),
             f"- They imitate the training split of `{info.name}` ({info.num_classes} classes).",
             f"- Method: `{method.name}`, {method.description}.",
             f"- {method.paper.markdown().removeprefix('**Paper:** ')}",
             f"- Made by dpsynth {made['version']} (commit {made['commit'] or 'unknown'}), released "
             f"{report['released']}."]
+
+
+def _lifted(report: dict[str, Any]) -> list[str]:
+    """Where the release was made smaller than its side: the side the private data was read at and the public
+    model that lifted it."""
+    lifted = report.get("upscaling")
+    if not lifted:
+        return []
+    low, high = lifted["private_side"], lifted["release_side"]
+    return [f"- Made at {low} x {low} px (the private images were read only at that side) and lifted to {high} x "
+            f"{high} by the upscaler `{lifted['upscaler']}` (weights' SHA-256 {lifted['upscaler_sha256']}), trained "
+            f"only on {lifted['public_images']:,} public images ({lifted['trained_on']}) and never on a private "
+            "one: post-processing, so it spends no ε."]
 
 
 def _guarantee(report: dict[str, Any]) -> list[str]:
@@ -128,7 +148,7 @@ def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
     voted = SHAPE_STAGE in [stage["name"] for stage in report.get("stages", [])]
     lines = ["## Treated as public", "",
              f"- The class names ({', '.join(info.class_names)}) and the number of classes.",
-             f"- The image size ({' x '.join(map(str, info.shape))}): " + (
+             f"- The image size ({' x '.join(map(str, released_shape(info)))}): " + (
                  f"a noisy vote of the images, released as the stage {SHAPE_STAGE} below." if voted else
                  "declared by the data holder or fixed by the data set's format."),
              f"- The training set's size, {report['dataset_size']:,}: {SIZE_RULES[report['dataset_size_rule']]}."]
@@ -148,6 +168,25 @@ def _per_class(info: DatasetInfo, labels: np.ndarray, method: Method) -> list[st
             *(f"| {name} | {count:,} |" for name, count in zip(info.class_names, counts, strict=True))]
 
 
+REGIME_WORDS = {"learns": "where a recorded run with as much noise and no more steps learned",
+                "untested": "between the recorded runs: no record says whether it learns",
+                "fails": "where every recorded run with less noise and more steps learned nothing"}
+
+
+def _regime(report: dict[str, Any]) -> list[str]:
+    """What the recorded outcomes said of the DP-SGD plan before it ran, and whether the holder forced it."""
+    lines = []
+    for item in report.get("training_regime", []):
+        line = (f"- The training ({item['stage']}, {item['steps']:,} steps at a noise per example σ/B of "
+                f"{item['noise_per_example']:.3g}, {item['side']} px) was planned "
+                f"{REGIME_WORDS[item['verdict']]}")
+        if item["forced"]:
+            line += (f" (`{item['deciding_record']}`). **The data holder forced it (`plan.force`): expect images "
+                     "that show little of the data.**")
+        lines.append(line + ("" if item["forced"] else "."))
+    return lines
+
+
 def _not(report: dict[str, Any]) -> list[str]:
     unit = report["unit"].split(":")[0]
     return ["## What this release is not", "",
@@ -155,5 +194,6 @@ def _not(report: dict[str, Any]) -> list[str]:
             "removed, nothing more; what is listed as public above is not protected.",
             "- Not a utility guarantee: nothing here says the images are good for a purpose. Their evaluation "
             "against real data is private to the data holder and is not part of this release.",
+            *_regime(report),
             "- Not the private data: no private image is released; the images come from the method's model, "
             "population or aligned public images, which read the private data only through the mechanisms above."]

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from .api import (
+    IMAGES_NOISE,
+    IMAGES_STAGE,
     SHAPE_NOISE,
     SHAPE_STAGE,
     SIZE_NOISE,
@@ -19,13 +21,17 @@ from .api import (
     BudgetPlan,
     PrivacyWarning,
     check_stored_config,
+    check_training_regime,
     dataset_from_config,
     draws_noisy_shape,
     format_derived_plan,
     noisy_total,
     plan_budget_for,
     planned_config,
+    release_upscaler,
     resolve_delta,
+    training_dataset,
+    training_regime,
     validate_config,
     with_noisy_shape,
     with_public_size,
@@ -54,6 +60,7 @@ from .evaluation import EvaluationSettings, evaluate_release, load_release, read
 from .hardware import AUTO, hardware_choices, thread_governor
 from .methods import get_method
 from .methods.base import Method
+from .models.upscaler import SavedUpscaler
 from .privacy import (
     Accountant,
     GaussianMechanism,
@@ -82,13 +89,19 @@ def start(config: Config) -> RunDirectory:
     device = pick_device(RunSettings.of(config).device)
     world = World.from_environment(device)
     config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
-    dataset = dataset_from_config(config)
+    full = dataset_from_config(config)
+    dataset = full
     if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
-        config, dataset = planned_config(config, dataset, world.device(device), draw_size=True)
+        config, dataset = planned_config(config, full, world.device(device), draw_size=True)
     config = world.broadcast_object(config if world.is_main else None)
-    dataset = with_public_size(config, dataset)
+    dataset = training_dataset(config, with_public_size(config, dataset))
     budget = plan_budget_for(config, dataset.info)
+    regime = training_regime(config, dataset.info, budget)
+    check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
+    if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
+        check_upscaler(config, dataset.info, full, world.device(device))
+    del full
     path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
     if world.is_main:
         print(f"run directory: {path}")
@@ -97,7 +110,24 @@ def start(config: Config) -> RunDirectory:
         print(f"unit of privacy: {dataset.info.unit_words()}")
         if PlanSettings.of(config).decisions:
             print(format_derived_plan(config), flush=True)
+        for line in (line for assessment in regime for line in assessment.lines()):
+            print(line, flush=True)
     return execute(RunDirectory(path), dataset, budget, world)
+
+
+def check_upscaler(config: Config, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
+    """Where training reads the images smaller than the release: the upscaler exists for the release's side and
+    holds none of the private images (``full``, at that side); ConfigError for ``release.model``, whose generator
+    draws at the training side."""
+    upscaler = release_upscaler(config, info, device)
+    if upscaler is None:
+        return
+    if ReleaseSettings.of(config).model:
+        raise ConfigError(f"release.model: training reads the images at {info.height} px and the release is lifted "
+                          f"to {info.release_side} px by an upscaler, which the released model does not hold; "
+                          f"leave release.model unset, or train at the data's side (dataset.train_resolution="
+                          f"{info.release_side})")
+    check_disjoint({f"release.upscaler {upscaler.name!r}": upscaler.fingerprints()}, full)
 
 
 def resumable(path: str) -> RunDirectory:
@@ -146,9 +176,13 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
                               "its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     validate_config(config)  # release.model=true for a method that has no model to release, say
-    dataset = dataset_from_config(config)
+    full = dataset_from_config(config)
+    dataset = training_dataset(config, full)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
     world = World.from_environment(pick_device(RunSettings.of(config).device))
+    if world.is_main:
+        check_upscaler(config, dataset.info, full, world.device(pick_device(RunSettings.of(config).device)))
+    del full
     if overrides and world.is_main:
         run.write_config(config)
         run.log("resume settings", **dict(overrides))
@@ -199,9 +233,9 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
          ) -> tuple[Method, RunContext, BudgetPlan]:
     """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit."""
     if world.is_main:
-        dataset = dataset or dataset_from_config(run.config())
+        dataset = dataset or training_dataset(run.config(), dataset_from_config(run.config()))
     config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
-    dataset = with_public_size(config, dataset or dataset_from_config(config))
+    dataset = with_public_size(config, dataset or training_dataset(config, dataset_from_config(config)))
     method = get_method(config["method"])(config)
     if budget is None or budget.size != dataset.info.num_train:
         budget = plan_budget_for(config, dataset.info)
@@ -209,7 +243,8 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     settings = fixed_settings(config)
     run_settings = RunSettings.of(config)
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
-    for stage, noise in ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE)):  # drawn before the first checkpoint
+    drawn = ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE), (IMAGES_STAGE, IMAGES_NOISE))
+    for stage, noise in drawn:  # drawn before the first checkpoint
         if stage in plan and stage not in ledger.stages():
             ledger.record(stage, GaussianMechanism(noise))
     if world.is_main:
@@ -264,13 +299,20 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     run_settings = RunSettings.of(config)
     check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=True)
     report = {**_privacy_report(ledger, accountant, delta, target, dataset.info, method, config),
+              "training_regime": _regime_report(config, dataset.info, budget),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
               "public_data": public_data_digests(method.public_data(dataset.info))}
     release_stream = secret_generator(stream_key(run_settings.seed, "release"))
     start = time.perf_counter()
     generated = method.generate(SamplingSettings.of(config).num_samples, release_stream)
+    upscaler = release_upscaler(config, dataset.info, context.device)
+    images = generated.images if upscaler is None else upscaler.lift(generated.images, upscaler.record["side"],
+                                                                        context.device)
+    if upscaler is not None:
+        report["upscaling"] = upscaling_report(upscaler, dataset.info)
+        report["public_data"] |= public_data_digests({f"release.upscaler {upscaler.name!r}": upscaler.fingerprints()})
     seconds = round(time.perf_counter() - start, 1)
-    run.save_release(generated.images, generated.labels, dataset.info.class_names, generated.soft_labels,
+    run.save_release(images, generated.labels, dataset.info.class_names, generated.soft_labels,
                      method.soft_label_temperature())
     model = method.trained_generator() if ReleaseSettings.of(config).model else None
     if model is not None:
@@ -285,8 +327,27 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
     print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
-    if EvaluationSettings.of(config).enabled:
-        evaluate_run(run, dataset=dataset, device=context.device)
+    if EvaluationSettings.of(config).enabled:  # against the real images at the release's side
+        evaluate_run(run, dataset=dataset if upscaler is None else None, device=context.device)
+
+
+def upscaling_report(upscaler: SavedUpscaler, info: DatasetInfo) -> dict[str, Any]:
+    """For privacy.json: the side training read the images at, the side the release was lifted to, and the model
+    that lifted it (by name and the SHA-256 of its weights), which saw no private image."""
+    return {"private_side": info.height, "release_side": info.release_side, "upscaler": upscaler.name,
+            "upscaler_sha256": upscaler.weights_sha256, "trained_on": upscaler.record.get("trained_on"),
+            "public_images": upscaler.record.get("images"), "private_images_seen": 0,
+            "composition": "post-processing of the images the DP mechanisms made: no further epsilon"}
+
+
+def _regime_report(config: Config, info: DatasetInfo, budget: BudgetPlan) -> list[dict[str, Any]]:
+    """For privacy.json: each DP-SGD plan's noise per example, steps and side, the recorded outcomes' verdict on
+    them (:func:`~dpsynth.api.training_regime`), the record that decided it and whether ``plan.force`` ran it."""
+    forced = PlanSettings.of(config).force
+    return [{"stage": item.plan.stage, "noise_per_example": round(item.plan.noise_per_example, 6),
+             "steps": item.plan.steps, "side": item.plan.side, "start": item.plan.start, "verdict": item.verdict,
+             "deciding_record": item.deciding[0].record if item.deciding else None,
+             "forced": forced and item.verdict == "fails"} for item in training_regime(config, info, budget)]
 
 
 def _cuda_peak(device: torch.device) -> dict[str, int]:

@@ -204,7 +204,8 @@ def test_large_rgb_images_run_end_to_end(tmp_path, side):
              class_names=np.array(["a", "b"]))
     tiny = ["dpsgd.batch_size=8", "dpsgd.physical_batch_size=8", "dpsgd.epochs=0.5", "sampling.num_samples=4",
             "diffusion.sample_steps=2", "evaluation.enabled=false",
-            "privacy.dataset_size=40", f"run.out_dir={tmp_path}"]
+            "privacy.dataset_size=40", f"run.out_dir={tmp_path}", f"dataset.train_resolution={side}",
+            "plan.force=true"]  # at the data's side; two steps of 8: no record says that learns
     run = finished_run("dpdm", "--dataset", "npz", "--data-dir", str(path), "--epsilon", "8", "--time-budget", "2m",
                        *[arg for pair in tiny for arg in ("--set", pair)])
     with np.load(run / "release" / "synthetic.npz") as release:

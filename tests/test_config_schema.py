@@ -80,7 +80,19 @@ def test_a_schema_2_file_reads_as_it_ran_releasing_no_model():
     del old["release"]
     migrated = load_config(dump_config(old), "config.yaml")
     check_stored_config(migrated, "config.yaml")
-    assert migrated == config and migrated["release"] == {"model": False}
+    assert migrated == config and migrated["release"] == {"model": False, "upscaler": "default"}
+
+
+def test_a_schema_3_file_reads_as_it_ran_at_the_data_side_unforced():
+    config = resolve_config("dpdm", dataset="digits", preset="cpu")
+    old = {**copy.deepcopy(config), "schema": 3}
+    for section, key in (("plan", "force"), ("dataset", "train_resolution"), ("release", "upscaler"),
+                         ("privacy", "noisy_images_per_group")):
+        del old[section][key]
+    migrated = load_config(dump_config(old), "config.yaml")
+    check_stored_config(migrated, "config.yaml")
+    assert migrated == config and migrated["plan"]["force"] is False
+    assert migrated["dataset"]["train_resolution"] == "auto"
 
 
 def test_a_newer_schema_is_refused_with_the_fix():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from ..hardware import resolve_bf16, resolve_compile
 from ..methods import get_method
 from ..methods.base import Method
 from .memory import probe_memory
-from .probe import Throughput, classifier_cost, dpsgd_cost, inception_cost
+from .probe import StepCost, Throughput, classifier_cost, dpsgd_cost, inception_cost, step_seconds
 from .rules import (
     AUTO_PRESET,
     MIN_STEPS,
@@ -52,15 +53,15 @@ def auto_preset(method: type[Method], device: torch.device) -> dict[str, Any]:
     return values
 
 
-def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: int = 1) -> PlanInputs:
+def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float = 1) -> PlanInputs:
     """The public facts a plan reads: N as planning uses it, the shape, the classes; validation and test sizes as
     published, else estimated as N / 8 each (a private split's exact size must not steer a released setting); with
-    groups, ``images_per_group`` (the cap) images per group."""
+    groups, ``images_per_group`` images per group (a noisy mean, or the cap)."""
     per_unit = images_per_group if info.unit == "group" else 1
-    sizes = info.split_sizes if info.size_rule == "published" else {"val": info.num_train * per_unit // 8,
-                                                                    "test": info.num_train * per_unit // 8}
+    sizes = info.split_sizes if info.size_rule == "published" else {"val": int(info.num_train * per_unit // 8),
+                                                                    "test": int(info.num_train * per_unit // 8)}
     return PlanInputs(info.num_train, info.shape, info.num_classes, sizes.get("val", 0), sizes.get("test", 0),
-                      str(device), per_unit)
+                      str(device), per_unit, info.release_side)
 
 
 def method_shape(method: type[Method]) -> MethodShape:
@@ -77,7 +78,8 @@ def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.de
     classifiers and Inception (once per process for the same models, shapes and device)."""
     cls = type(method)
     timed = (*cls.dpsgd_sections, *cls.public_sections, "model", "diffusion", "sampling", "evaluation")
-    key = json.dumps([config["method"], inputs.shape, inputs.num_classes, inputs.num_train, str(device),
+    key = json.dumps([config["method"], inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
+                      str(device),
                       {name: config[name] for name in timed if name in config}], sort_keys=True)
     if key not in MEASURED:
         MEASURED[key] = _probe(method, config, inputs, device)
@@ -90,13 +92,46 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
     dpsgd = {section: dpsgd_cost(probe, device, inputs.num_train, rows) for section, (probe, rows)
              in probes.dpsgd.items()}
     evaluation = EvaluationSettings.of(config)
-    classifiers = {name: classifier_cost(name, inputs.shape, inputs.num_classes, evaluation.classifier_batch_size,
-                                         device) for name in (evaluation.classifiers if evaluation.enabled else [])}
+    names = evaluation.classifiers if evaluation.enabled else ()
+    classifiers = {name: classifier_cost(name, inputs.evaluation_shape, inputs.num_classes,
+                                         evaluation.classifier_batch_size, device) for name in names}
     fast = resolve_bf16(evaluation.fast_inception, device, "evaluation.fast_inception").value
     inception = inception_cost(device, fast, evaluation.inception_batch_size) if evaluation.enabled else 0.0
     return Throughput(str(device), dpsgd, probes.sampling() if probes.sampling else 0.0,
                       probes.public() if probes.public else 0.0, classifiers, inception,
                       time.perf_counter() - start)
+
+
+STEP_TOLERANCE = 0.05  # a planned step measured within this share of its price keeps the probe's line
+CHECKED: dict[str, float] = {}  # this process's measured planned steps, by what they measured
+
+
+def checked_steps(method: Method, config: Config, overrides: dict[str, dict[str, Any]], inputs: PlanInputs,
+                  throughput: Throughput, device: torch.device) -> tuple[Throughput, list[str]]:
+    """The probe's DP-SGD step costs checked, on a CPU, against one measured step of the planned batch of each
+    section that spans more than the two chunks the probe's line was fitted through: where it took more or less
+    than :data:`STEP_TOLERANCE` off its price, that section's line scaled to it, with the decision in words."""
+    if device.type != "cpu":  # a GPU's steps are near linear in the batch (measured on an H200)
+        return throughput, []
+    costs, words = dict(throughput.dpsgd), []
+    for section, (probe, _) in method.throughput_probes(inputs.shape, inputs.num_classes, device).dpsgd.items():
+        planned = {**config[section], **overrides.get(section, {})}
+        examples = max(1, round(planned["batch_size"] * inputs.images_per_unit))  # each with its rows, as probed
+        if examples <= 2 * probe.physical_batch_size:  # within the chunks the probe's line was fitted through
+            continue
+        priced = inputs.cost(throughput, section).seconds(planned["batch_size"] * planned.get("noise_multiplicity", 1))
+        key = json.dumps([config["method"], inputs.shape, section, examples, probe.physical_batch_size, str(device)])
+        if key not in CHECKED:  # once per process for the same step
+            CHECKED[key] = step_seconds(probe, device, max(round(inputs.num_train * inputs.images_per_unit),
+                                                           examples), examples)
+        measured = CHECKED[key]
+        ratio = measured / priced
+        if abs(ratio - 1) > STEP_TOLERANCE:
+            cost = costs[section]
+            costs[section] = StepCost(cost.fixed * ratio, cost.per_row * ratio)
+            words.append(f"{section}: a step of the planned batch measured {measured:.2f} s against "
+                         f"{priced:.2f} s priced; steps priced at {ratio:.2f}x the probe's line")
+    return replace(throughput, dpsgd=costs), words
 
 
 def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
@@ -108,9 +143,10 @@ def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
     return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side).value
 
 
-def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Config:
-    """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``; a
-    config of a fixed preset, checked to fit the data (:func:`check_preset_fits`), unchanged."""
+def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent: float = 0.0) -> Config:
+    """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``, for
+    the time budget less the ``spent`` seconds; a config of a fixed preset, checked to fit the data
+    (:func:`check_preset_fits`), unchanged."""
     if config.get("preset") != AUTO_PRESET:
         check_preset_fits(config, info)
         return config
@@ -119,17 +155,22 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Co
         return config
     method_cls = get_method(config["method"])
     shape = method_shape(method_cls)
-    inputs = plan_inputs(info, device, PrivacySettings.of(config).max_images_per_group)
-    budget, kept = parse_duration(plan.time_budget), list(plan.user_keys)
+    privacy = PrivacySettings.of(config)
+    inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
+    budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
     config, decisions = deepened(config, inputs.shape[1], kept)
+    decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
     config, decisions = chunked(config, inputs.shape[1], device, kept, decisions)
-    if inputs.images_per_unit > 1:
-        decisions.append(f"a group's step is priced at {inputs.images_per_unit} images (privacy.max_images_per_group,"
-                         " the most a step reads of one; set it to the most images a person has where that is less)")
+    if info.unit == "group":
+        decisions.append(group_price(privacy, inputs.images_per_unit))
     throughput = measure(method_cls(config), config, inputs, device)
-    overrides, sized = derive(config, shape, inputs, throughput, budget,
-                               lambda trial: compiles_sampling(trial, inputs.shape[1], device), kept)
-    decisions += sized
+    compiles = lambda trial: compiles_sampling(trial, inputs.shape[1], device)  # noqa: E731
+    overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)
+    checked, words = checked_steps(method_cls(config), config, overrides, inputs, throughput, device)
+    if words:  # the planned step's measured time differs: the batch and steps sized again at it
+        throughput = checked
+        overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)
+    decisions += [*sized, *words]
     planned = copy.deepcopy(config)
     merge(planned, user_keys_kept(overrides, kept), "the derived plan")
     if device.type == "cuda":
@@ -140,6 +181,16 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device) -> Co
     planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
                            expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
     return planned
+
+
+def group_price(privacy: PrivacySettings, images: float) -> str:
+    """How a person's share of a DP-SGD step is priced, in words."""
+    if privacy.noisy_images_per_group is not None:
+        return (f"a person's share of a step is priced at {images:g} images: a noisy mean of their images, each "
+                f"person's capped at privacy.max_images_per_group {privacy.max_images_per_group} (stage "
+                "images-per-group)")
+    return (f"a person's share of a step is priced at {images:g} images (privacy.max_images_per_group, the most a step "
+            "reads of one; a run prices by a noisy mean of their images unless you set it)")
 
 
 def deepened(config: Config, side: int, kept: list[str]) -> tuple[Config, list[str]]:

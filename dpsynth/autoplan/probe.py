@@ -39,12 +39,8 @@ def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_p
     steps of an eighth of, one and two physical batches (the faster of two steps each, after a warm-up step in
     which the engine chooses its per-example gradients), their sizes as Poisson sampling drew them. The two-chunk
     step carries the cost of a chunk; a larger batch's time is extrapolated."""
-    model = probe.model.to(device)
     physical = probe.physical_batch_size
-    engine = DPSGD(model, torch.optim.Adam(model.parameters(), lr=1e-4), probe.loss,
-                   settings=DpsgdSettings(1.0, 1.0, min(physical / num_records, 1.0), physical, probe.bf16),
-                   num_records=num_records, ledger=PrivacyLedger(), stage="probe", noise=SecretStream.fresh(),
-                   generator=torch.Generator().manual_seed(0), batch_loss=probe.batch_loss)
+    engine = _engine(probe, device, num_records)
     _step(engine, probe, physical, device)
     measured = []
     for chunks in (1 / 8, 1, 2):
@@ -56,6 +52,25 @@ def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_p
     per_row, fixed = np.polyfit(rows, seconds, 1)
     per_row = max(float(per_row), float(seconds[-1] / rows[-1]) / 4)  # a noisy fit never makes rows free
     return StepCost(max(float(fixed), 0.0), per_row)
+
+
+def step_seconds(probe: DpsgdProbe, device: torch.device, num_records: int, examples: int) -> float:
+    """Seconds of one DP-SGD step that reads ``examples`` examples (of ``num_records``), after a warm-up step, scaled
+    from the examples Poisson sampling drew to ``examples``."""
+    engine = _engine(probe, device, num_records)
+    _step(engine, probe, examples, device)
+    drawn, seconds = _step(engine, probe, examples, device)
+    return seconds * examples / max(drawn, 1.0)
+
+
+def _engine(probe: DpsgdProbe, device: torch.device, num_records: int) -> DPSGD:
+    """A DP-SGD engine over ``probe``'s model on ``device``, its noise from a fresh secret stream of its own."""
+    model = probe.model.to(device)
+    physical = probe.physical_batch_size
+    return DPSGD(model, torch.optim.Adam(model.parameters(), lr=1e-4), probe.loss,
+                 settings=DpsgdSettings(1.0, 1.0, min(physical / num_records, 1.0), physical, probe.bf16),
+                 num_records=num_records, ledger=PrivacyLedger(), stage="probe", noise=SecretStream.fresh(),
+                 generator=torch.Generator().manual_seed(0), batch_loss=probe.batch_loss)
 
 
 def _step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device) -> tuple[float, float]:

@@ -14,9 +14,11 @@ Training comes first. A plan never has fewer than :data:`MIN_STEPS` DP-SGD steps
 that is many epochs: at batch 16 of 240 people, 13 epochs), of at least :data:`MIN_BATCH` units: the training
 floor. Release and evaluation get at most :data:`EVALUATION_SHARE` of the budget and never the floor's time: the
 largest of :data:`RELEASE_SIZES` whose evaluation fits, else the smallest with the evaluation cut
-(:data:`EVALUATION_CUTS`: one classifier seed, then 1,000 Inception images a side, then no evaluation), then
-smaller releases (:data:`SMALL_RELEASES`) without one. When even the smallest release without evaluation leaves
-no room for the floor, the plan is refused with the smallest budget that holds both.
+(:data:`EVALUATION_CUTS`: one classifier seed, then 1,000 Inception images a side, then the minimum evaluation: 250
+a side and 3 classifier epochs), then smaller releases (:data:`SMALL_RELEASES`) with the minimum evaluation. Only
+where even that leaves no room for the floor does the plan drop the evaluation, saying what the minimum would have
+cost and the budget that keeps it; where the smallest release alone leaves no room, the plan is refused with the
+smallest budget that holds both.
 """
 from __future__ import annotations
 
@@ -41,13 +43,13 @@ MAX_SAMPLE_RATE = 0.25
 MIN_BATCH = 16
 EVALUATION_SHARE = 0.4
 RELEASE_SIZES = (20_000, 10_000, 5_000)
-SMALL_RELEASES = (2_000, 1_000)  # without evaluation, where even 5,000 images with a cut evaluation do not fit
+SMALL_RELEASES = (2_000, 1_000)  # with the minimum evaluation, where 5,000 images with it do not fit
 # What a plan short of time cuts from the evaluation, in turn (each on top of the ones before; a key the user set
-# stays as set).
+# stays as set), down to the minimum evaluation a plan keeps: the holder always learns what the release is worth.
 EVALUATION_CUTS: tuple[dict[str, Any], ...] = (
     {"evaluation.classifier_seeds": 1},
     {"evaluation.num_synthetic": 1000, "evaluation.num_real": 1000},
-    {"evaluation.enabled": False},
+    {"evaluation.num_synthetic": 250, "evaluation.num_real": 250, "evaluation.classifier_epochs": 3},
 )
 STARTUP_SECONDS = 20.0  # imports, loading the data, checkpoints and the release's files
 EVALUATION_FIXED_SECONDS = 20.0  # FID, FID-infinity, KID, precision / recall and the pictures, past the features
@@ -85,7 +87,14 @@ class PlanInputs:
     num_val: int
     num_test: int
     device: str
-    images_per_unit: int = 1  # with groups, the images a step reads of one: privacy.max_images_per_group, a bound
+    images_per_unit: float = 1  # with groups, the images a step reads of one: a noisy mean, or the cap
+    release_side: int | None = None  # where training reads the images smaller: the side the release is evaluated at
+
+    @property
+    def evaluation_shape(self) -> tuple[int, int, int]:
+        """The shape the evaluation's classifiers read: the release's."""
+        side = self.release_side or self.shape[1]
+        return (self.shape[0], side, side)
 
     def cost(self, throughput: Throughput, section: str) -> StepCost:
         """The step cost of ``section`` per unit (image or group) of a batch."""
@@ -299,18 +308,29 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
                                                                                   method.soft_labels)
         if after <= room:
             break
+    keeping = math.ceil((floor + after) / 60)  # the budget that holds the floor and the minimum evaluation
+    if after > budget - floor and "evaluation.enabled" not in kept:  # the last resort: no evaluation, said loudly
+        overrides = {"sampling": overrides["sampling"], "evaluation": {"enabled": False}}
+        merge(trial, overrides, "the derived plan")
+        minimum, after = after, sampling_seconds(trial, throughput, compiles(trial))
+        cut = (f"NO evaluation (evaluation.enabled=false): the minimum evaluation would take "
+               f"{(minimum - after) / 60:.1f} min more than the budget leaves beside the training floor; "
+               f"--time-budget {keeping}m keeps it, `dpsynth evaluate RUN_DIR` evaluates the release later")
     if after > budget - floor:
         needed = math.ceil((floor + after) / 60)
         raise ConfigError(f"plan.time_budget {budget / 60:g} min is too short on this machine: {MIN_STEPS} DP-SGD "
                           f"steps (the least a plan releases) take {floor / 60:.1f} min with start-up, and the "
-                          f"smallest release without evaluation {after / 60:.1f} min; give --time-budget {needed}m "
-                          "or more (or a smaller dataset.resolution)")
+                          f"smallest release {after / 60:.1f} min; give --time-budget {needed}m or more "
+                          f"({keeping}m with the minimum evaluation), or a smaller dataset.train_resolution")
     size = SamplingSettings.of(trial).num_samples
     decisions = [f"release {size:,} images: sampling and evaluation {after / 60:.1f} min "
                  f"({'within' if after <= EVALUATION_SHARE * budget else 'over'} {EVALUATION_SHARE:.0%} of the "
                  f"budget; the training floor, {MIN_STEPS} DP-SGD steps, takes {floor / 60:.1f} min)"]
-    if cut:
-        decisions.append(f"evaluation cut to fit the budget, training first: {cut}")
+    if cut and EvaluationSettings.of(trial).enabled:
+        evaluation = evaluation_seconds(trial, inputs, throughput, method.soft_labels)
+        decisions.append(f"evaluation cut to fit the budget, training first: {cut} ({evaluation / 60:.1f} min)")
+    elif cut:
+        decisions.append(cut)
     return overrides, after, decisions
 
 
@@ -334,8 +354,6 @@ def _section_of(keys: dict[str, Any]) -> dict[str, Any]:
 
 
 def _words(keys: dict[str, Any]) -> str:
-    if keys.get("evaluation.enabled") is False:
-        return "no evaluation (evaluation.enabled=false): run `dpsynth evaluate RUN_DIR` later to evaluate it"
     return ", ".join(f"{key}={value}" for key, value in keys.items())
 
 

@@ -48,6 +48,7 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
             "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
+            "trained_at": privacy.get("upscaling", {}).get("private_side"),
             "release": SamplingSettings.of(config).num_samples, "epsilon": privacy["epsilon"],
             "preset": config["preset"], "measured_min": wall / 60,
             "budget": plan.time_budget if expected else None,
@@ -72,6 +73,11 @@ def quote(folder: Path, key: str) -> str:
     return QUOTABLE[key].format(row[key])
 
 
+def _schedule(row: dict[str, Any]) -> str:
+    """A row's batch x steps, and the side it trained at where that was below the release's."""
+    return f"{row['batch']} x {row['steps']}" + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
+
+
 def _outcome(row: dict[str, Any]) -> str:
     """CNN accuracy (mean ± std over its classifier seeds, or the one seed's, said) and FID-inf cells of a row."""
     if row["cnn"] is None:
@@ -88,7 +94,7 @@ def outcomes(folders: list[Path]) -> str:
     runs compared for accuracy, some of which may have shared the machine)."""
     lines = ["| measurement | preset | N | batch x steps | release | CNN accuracy | FID∞ | CPU |", "| --- " * 8 + "|"]
     for row in map(measurement, folders):
-        lines.append(f"| {row['name']} | {row['preset']} | {row['dataset_size']:,} | {row['batch']} x {row['steps']} "
+        lines.append(f"| {row['name']} | {row['preset']} | {row['dataset_size']:,} | {_schedule(row)} "
                      f"| {row['release']:,} | {_outcome(row)} | {row['machine']} |")
     return "\n".join(lines)
 
@@ -106,6 +112,6 @@ def table(root: Path) -> str:
         timing = ("– | " if expected is None else f"{expected:.1f} | ") + f"{row['measured_min']:.1f} | " + (
             "–" if expected is None else f"{row['measured_min'] / expected:.2f}")
         lines.append(f"| {row['name']} | {row['budget'] or row['preset']} | {row['dataset_size']:,} | "
-                     f"{row['batch']} x {row['steps']} | {row['release']:,} | {timing} | {_outcome(row)} | "
+                     f"{_schedule(row)} | {row['release']:,} | {timing} | {_outcome(row)} | "
                      f"{row['machine']} |")
     return "\n".join(lines)

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
+from torch.nn import functional
 
 from ..errors import DataError
 
@@ -108,6 +109,7 @@ class DatasetInfo:
     group_source: str | None = None
     pixel_rule: str | None = None
     skipped: tuple[str, ...] = ()
+    release_side: int | None = None  # where training reads the images smaller: the side a release is lifted to
 
     @property
     def num_classes(self) -> int:
@@ -149,6 +151,19 @@ class Dataset:
     train: ImageSet
     val: ImageSet
     test: ImageSet
+
+    def at_side(self, side: int) -> Dataset:
+        """This dataset with every split's images shrunk to ``side`` x ``side`` by area averaging (uint8 stays uint8),
+        its info saying the side it was read at (``release_side``)."""
+        def shrunk(images: ImageSet) -> ImageSet:
+            chunks = [functional.interpolate(chunk.float(), size=(side, side), mode="area") for chunk
+                      in images.images.split(4096)]
+            pixels = torch.cat(chunks)
+            return ImageSet(pixels.round().to(torch.uint8) if images.images.dtype == torch.uint8 else pixels,
+                            images.labels, images.groups)
+
+        info = replace(self.info, height=side, width=side, release_side=self.info.release_side or self.info.height)
+        return Dataset(info, shrunk(self.train), shrunk(self.val), shrunk(self.test))
 
     def split(self, name: str) -> ImageSet:
         """The split called ``name`` (train, val or test)."""

@@ -143,11 +143,11 @@ PHOTO_PATCH_SIDES = (16, 200)
 
 
 def load_photo_patches(options: LoadOptions) -> RawDataset:
-    """20,000 square crops of scikit-learn's two sample photographs (a temple, a flower), natural-image public
-    data that installs offline: each crop has a random side in 16..200 pixels and a random place, is mirrored
-    half of the time and resized to ``options.resolution`` (RGB, or grey as the mean of R, G and B when
-    ``options.channels`` is 1). Drawn from a fixed seed, so the set is the same everywhere; the label is the
-    photograph."""
+    """20,000 (or ``options.num_images``, the first of the same sequence) square crops of scikit-learn's two sample
+    photographs (a temple, a flower), natural-image public data that installs offline: each crop has a random side
+    in 16..200 pixels and a random place, is mirrored half of the time and resized to ``options.resolution`` (RGB,
+    or grey as the mean of R, G and B when ``options.channels`` is 1). Drawn from a fixed seed, so the set is the
+    same everywhere; the label is the photograph."""
     from PIL import Image
 
     try:
@@ -157,9 +157,10 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
     bunch = load_sample_images()
     photos = [Image.fromarray(image) for image in bunch.images]
     rng = np.random.default_rng(0)
-    sources = rng.integers(len(photos), size=PHOTO_PATCHES)
+    count = PHOTO_PATCHES if options.num_images is None else min(options.num_images, PHOTO_PATCHES)
+    sources = rng.integers(len(photos), size=PHOTO_PATCHES)[:count]
     size = (options.side(), options.side())
-    images = np.empty((PHOTO_PATCHES, options.side(), options.side(), 3), dtype=np.uint8)
+    images = np.empty((count, options.side(), options.side(), 3), dtype=np.uint8)
     for index, source in enumerate(sources):
         photo = photos[source]
         side = int(rng.integers(PHOTO_PATCH_SIDES[0], PHOTO_PATCH_SIDES[1] + 1))

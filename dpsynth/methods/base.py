@@ -115,6 +115,10 @@ class Method(ABC):
     def fit(self, context: RunContext) -> None:
         """Learn from the private training split, recording every mechanism in ``context.ledger``."""
 
+    def starts_from_public_model(self) -> bool:
+        """Whether its DP-SGD starts from a model trained on public images (``model.init_from``)."""
+        return bool(self.config.get("model", {}).get("init_from"))
+
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """Fingerprints (:mod:`dpsynth.data.fingerprints`) of each public image set the method reads, named for
         an error message; checked against every private split before a run starts. None by default."""

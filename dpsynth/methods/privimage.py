@@ -120,6 +120,9 @@ class PrivImage(DiffusionMethod):
         return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier)),
                 self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
+    def starts_from_public_model(self) -> bool:
+        return True  # pre-trained on the public classes its DP histogram picks
+
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         public = self._public(info)[0]
         return {**self.trainer.public_data(),

@@ -1,0 +1,121 @@
+"""The recorded outcomes the planner's regime check reads (:mod:`dpsynth.autoplan.regime`), gathered from the
+committed measurements: every run under ``benchmarks/results`` whose ledger holds the DP-SGD stage of a diffusion
+model and whose evaluation has a CNN accuracy.
+
+``python benchmarks/regime_records.py --write`` rewrites ``dpsynth/autoplan/outcomes.json`` from them; a test
+checks that the shipped file is what the records say.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..api import TRAINING_STAGE
+from ..autoplan.regime import Outcome, Start
+from ..methods import get_method
+from .frontier import RAN_ON, RELEASED_SHAPE
+
+STAMP = re.compile(r"-(\d{4})(\d{2})(\d{2})-\d{6}$")
+GENERATED = re.compile(r"^- generated (\d{4}-\d{2}-\d{2})", re.MULTILINE)
+# Standard sets read as they are, and the .npz subsets of Fashion-MNIST (benchmarks/fashion_subset.py), by name.
+NATIVE_SIDE = {"fashion-mnist": 28, "mnist": 28, "digits": 8, "photo-patches": 32, "fashion": 28}
+SIDE_IN_NAME = re.compile(r"-(8|16|28|32|64|128|256)(?:\.npz)?$")  # digits-28.npz, scans-64
+CLASSES = {"photo-patches": 2}  # sets recorded without a datasheet that do not have ten classes
+
+
+def outcomes(results: Path) -> list[Outcome]:
+    """One outcome per distinct measured point under ``results`` (the first record of each, by path)."""
+    found: dict[tuple[Any, ...], Outcome] = {}
+    for config_path in sorted(results.glob("**/config.yaml")):
+        outcome = outcome_of(config_path.parent, results)
+        if outcome is not None:
+            key = (outcome.method, outcome.data, outcome.side, outcome.batch, outcome.steps, round(outcome.sigma, 4))
+            found.setdefault(key, outcome)
+    return sorted(found.values(), key=lambda o: (o.side, o.noise_per_example, o.steps))
+
+
+def outcome_of(run: Path, results: Path) -> Outcome | None:
+    """The outcome of the run in ``run``, or None when it has no evaluated CNN or no diffusion DP-SGD stage."""
+    metrics_path, ledger_path = run / "metrics.json", run / "ledger.json"
+    if not (metrics_path.is_file() and ledger_path.is_file()):
+        return None
+    cnn = json.loads(metrics_path.read_text()).get("accuracy", {}).get("cnn")
+    events = [entry["event"] for entry in json.loads(ledger_path.read_text())["entries"]
+              if entry["stage"] == TRAINING_STAGE and entry["event"].get("kind") == "subsampled_gaussian"]
+    if cnn is None or len(events) != 1:
+        return None
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    event, dataset = events[0], config["dataset"]
+    units = _units(run, config)
+    machine, date = _provenance(run, results)
+    return Outcome(record=str(run.relative_to(results)), method=config["method"], data=_data(dataset),
+                   side=_side(run, config), start=_start(config), units=units, batch=event["sample_rate"] * units,
+                   steps=int(event["steps"]), sigma=float(event["noise_multiplier"]),
+                   accuracy=float(cnn["test_accuracy"]), chance=1 / _classes(run, config), machine=machine,
+                   date=date)
+
+
+def _data(dataset: dict[str, Any]) -> str:
+    return Path(dataset["data_dir"]).name if dataset.get("data_dir") else dataset["name"]
+
+
+def _side(run: Path, config: dict[str, Any]) -> int:
+    """The side the run trained at: declared, drawn by its shape vote, stated by its datasheet, or the set's own."""
+    dataset, drawn = config["dataset"], config["privacy"].get("noisy_shape")
+    if isinstance(dataset.get("train_resolution"), int):  # read smaller than the data, the release lifted back
+        return dataset["train_resolution"]
+    if isinstance(dataset.get("resolution"), int):
+        return dataset["resolution"]
+    if drawn:
+        return int(drawn[1])
+    readme = run / "release" / "README.md"
+    found = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
+    if found:
+        return int(found[2])
+    named = SIDE_IN_NAME.search(_data(dataset))
+    return int(named[1]) if named else NATIVE_SIDE[re.split(r"[-.]", _data(dataset))[0] if dataset["name"] == "npz"
+                                                   else dataset["name"]]
+
+
+def _units(run: Path, config: dict[str, Any]) -> int:
+    """The training split's public size, as the release's privacy.json states it."""
+    return int(json.loads((run / "release" / "privacy.json").read_text())["dataset_size"])
+
+
+def _classes(run: Path, config: dict[str, Any]) -> int:
+    """The number of classes, from the release's per-class table when it has a datasheet, else the set's own."""
+    readme = run / "release" / "README.md"
+    if readme.is_file():
+        rows = re.findall(r"^\| (?!class |---).+ \| [\d,]+ \|$", readme.read_text(), re.MULTILINE)
+        if rows:
+            return len(rows)
+    return CLASSES.get(config["dataset"]["name"], 10)
+
+
+def _start(config: dict[str, Any]) -> Start:
+    method = get_method(config["method"])(config)
+    return "public model" if method.starts_from_public_model() else "random"
+
+
+def _provenance(run: Path, results: Path) -> tuple[str, str]:
+    """The machine and date of a measurement: machine.txt beside a measured plan and its run's time stamp, or a
+    bench record's header."""
+    for folder in (run.parent, run.parent.parent):
+        if (folder / "machine.txt").is_file():
+            stamp = STAMP.search(run.name)
+            return (folder / "machine.txt").read_text().strip(), "-".join(stamp.groups()) if stamp else ""
+        if (folder / "results.md").is_file():
+            header = (folder / "results.md").read_text()
+            machine, generated = RAN_ON.search(header), GENERATED.search(header)
+            return (machine[1] if machine else ""), (generated[1] if generated else "")
+    return "", ""
+
+
+def shipped_text(found: list[Outcome]) -> str:
+    """``outcomes.json``'s text for ``found``."""
+    return json.dumps({"about": "written by benchmarks/regime_records.py from benchmarks/results; do not edit",
+                       "outcomes": [outcome.to_dict() for outcome in found]}, indent=1) + "\n"
