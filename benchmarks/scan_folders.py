@@ -7,8 +7,11 @@
   window ``dataset.window=[18000,40000]``.
 - ``photos-128``: RGB JPEGs, 160 x 144 px crops of scikit-learn's two sample photographs, one class per
   photograph, kept by class (``temple/000017.jpg``), no groups.
+- ``scans-128``: as ``scans-64`` at 128 x 128, ``--large-patients`` patients of ``--large-scans`` scans each
+  (a hospital's 2,000 people x 5 scans by default). Read it with ``dataset.resolution=128``.
 
 Usage: python benchmarks/scan_folders.py --out /tmp/dpsynth-folders [--patients 1000] [--scans 4] [--photos 3000]
+       [--large-patients 2000] [--large-scans 5]
 """
 from __future__ import annotations
 
@@ -21,12 +24,12 @@ from PIL import Image
 
 from dpsynth.data.glyphs import DEFAULT_RANGES, find_fonts, render_character
 
-SCAN_SIDE, SCAN_LOW, SCAN_HIGH, SCAN_NOISE = 64, 18_000, 40_000, 600.0
+SCAN_LOW, SCAN_HIGH, SCAN_NOISE = 18_000, 40_000, 600.0
 PHOTO_CROP, PHOTO_NAMES = (160, 144), ("temple", "flower")
 
 
-def write_scans(folder: Path, patients: int, scans: int, seed: int = 0) -> int:
-    """``patients`` x ``scans`` 16-bit PNGs under ``folder``, a tenth of the patients per digit."""
+def write_scans(folder: Path, patients: int, scans: int, side: int = 64, seed: int = 0) -> int:
+    """``patients`` x ``scans`` 16-bit PNGs of ``side`` px under ``folder``, a tenth of the patients per digit."""
     fonts = find_fonts()
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -35,7 +38,7 @@ def write_scans(folder: Path, patients: int, scans: int, seed: int = 0) -> int:
         home = folder / f"digit-{digit}" / f"patient-{patient:04d}"
         home.mkdir(parents=True, exist_ok=True)
         for scan, params in enumerate(DEFAULT_RANGES.draw(scans, len(fonts), generator).tolist()):
-            glyph = render_character(str(digit), fonts, [font, *params[1:]], (SCAN_SIDE, SCAN_SIDE))
+            glyph = render_character(str(digit), fonts, [font, *params[1:]], (side, side))
             values = SCAN_LOW + glyph * ((SCAN_HIGH - SCAN_LOW) / 255) + rng.normal(0, SCAN_NOISE, glyph.shape)
             pixels = np.clip(values, 0, 65535).round().astype(np.uint16)
             Image.fromarray(pixels).save(home / f"scan-{scan}.png")  # PIL writes uint16 as a 16-bit grey PNG
@@ -65,9 +68,12 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=1000)
     parser.add_argument("--scans", type=int, default=4)
     parser.add_argument("--photos", type=int, default=3000)
+    parser.add_argument("--large-patients", type=int, default=2000)
+    parser.add_argument("--large-scans", type=int, default=5)
     args = parser.parse_args()
     for name, write, sizes in (("scans-64", write_scans, (args.patients, args.scans)),
-                               ("photos-128", write_photos, (args.photos,))):
+                               ("photos-128", write_photos, (args.photos,)),
+                               ("scans-128", write_scans, (args.large_patients, args.large_scans, 128))):
         folder, done = args.out / name, args.out / f"{name}.complete"
         if done.exists():
             print(f"{folder}: built already")

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from .autoplan.plan import auto_preset
+from .autoplan.recipes import HOLDER_SIDE, Recommendation, recommend
 from .autoplan.regime import VERDICT_ORDER, Assessment, PlannedTraining, Start, Verdict, assess
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
@@ -313,6 +314,17 @@ def training_regime(config: Config, info: DatasetInfo, budget: BudgetPlan) -> li
     return [assess(PlannedTraining(TRAINING_STAGE, event.noise_multiplier, event.sample_rate * info.num_train,
                                    event.steps, info.height, start))
             for event in budget.stages.get(TRAINING_STAGE, []) if isinstance(event, SubsampledGaussianMechanism)]
+
+
+def recommended_recipe(config: Config, info: DatasetInfo) -> Recommendation | None:
+    """The measured recipe for data of ``info``'s N (as planning uses it) and side at ``config``'s epsilon and time
+    budget (:mod:`dpsynth.autoplan.recipes`); None for data under :data:`HOLDER_SIDE` px, which the recipes do not
+    cover."""
+    side = info.release_side or info.height
+    if side < HOLDER_SIDE:
+        return None
+    budget = parse_duration(PlanSettings.of(config).time_budget) / 60
+    return recommend(info.num_train, side, PrivacySettings.of(config).epsilon, budget)
 
 
 def check_training_regime(config: Config, assessments: list[Assessment]) -> None:

@@ -168,6 +168,7 @@ def _privacy(args: argparse.Namespace) -> None:
         plan_budget_for,
         plan_privacy,
         planned_config,
+        recommended_recipe,
         resolve_config,
         training_regime,
     )
@@ -178,12 +179,18 @@ def _privacy(args: argparse.Namespace) -> None:
     config, dataset = planned_config(config, dataset_from_config(config), pick_device(RunSettings.of(config).device))
     budget = plan_budget_for(config, dataset.info)
     plan, regime = plan_privacy(config, dataset.info, budget), training_regime(config, dataset.info, budget)
+    recommendation = recommended_recipe(config, dataset.info)
     if args.json:
         derived_plan = asdict(PlanSettings.of(config)) if config["preset"] == "auto" else None
         regime_rows = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
                         "steps": item.plan.steps, "verdict": item.verdict,
                         "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in regime]
-        print(json.dumps({**plan, "derived": derived_plan, "training_regime": regime_rows}, indent=2))
+        recommended = None if recommendation is None else {
+            "method": recommendation.chosen and recommendation.chosen.method,
+            "learned_nothing": recommendation.chosen is not None and recommendation.chosen.learned_nothing,
+            "measured": [recipe.to_dict() for recipe in recommendation.considered]}
+        print(json.dumps({**plan, "derived": derived_plan, "training_regime": regime_rows,
+                          "recommendation": recommended}, indent=2))
     else:
         derived = PlanSettings.of(config).decisions
         print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
@@ -191,6 +198,8 @@ def _privacy(args: argparse.Namespace) -> None:
             print(line)
         if any(item.verdict == "fails" for item in regime) and not PlanSettings.of(config).force:
             print("dpsynth run refuses this plan (--set plan.force=true runs it anyway)")
+        for line in recommendation.lines() if recommendation else []:
+            print(line)
         print(f"unit of privacy: {dataset.info.unit_words()}")
 
 

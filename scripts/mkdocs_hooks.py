@@ -14,7 +14,10 @@ and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
 - ``paper: METHOD``: the method's paper (dpsynth.methods.base.Paper), as its docs page and datasheets cite it;
 - ``loads: DIR``: the folder-loading records (``benchmarks/folder_load.py``) in ``benchmarks/results/DIR``;
 - ``cli: all``: every command's ``--help``, as the parser prints it;
-- ``odds: EPSILON [EPSILON ...]``: what each ε bounds: the odds factor e^ε and how sure an attacker can become.
+- ``odds: EPSILON [EPSILON ...]``: what each ε bounds: the odds factor e^ε and how sure an attacker can become;
+- ``recipes: all``: the measured recipes at holders' sides that ``dpsynth privacy`` recommends from;
+- ``floor: EPSILON [EPSILON ...]``: the least noise per example σ/B that 600 DP-SGD steps reach at N = 300, 1,000,
+  3,000 (and each ε), at the largest sample rate a plan uses.
 
 ``python scripts/mkdocs_hooks.py --write`` regenerates every pair in place; ``--check`` lists the files out of
 sync. As an MkDocs hook it fails the build on a page out of sync, a marker without its end, or a method of
@@ -37,8 +40,10 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 from dpsynth.api import resolve_config
-from dpsynth.autoplan.rules import dpsgd_steps
-from dpsynth.bench import frontier, plans, record
+from dpsynth.autoplan.recipes import recorded_recipes
+from dpsynth.autoplan.regime import least_noise_per_example
+from dpsynth.autoplan.rules import MAX_SAMPLE_RATE, STEP_TARGET, dpsgd_steps
+from dpsynth.bench import frontier, plans, recipes, record
 from dpsynth.cli import build_parser
 from dpsynth.config_reference import config_table
 from dpsynth.errors import DpsynthError
@@ -48,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GLOSSARY = "docs/reference/glossary.md"
 CHANGELOG = "changelog.md"  # the site's page of CHANGELOG.md: history, which the other pages leave to it
-KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads|odds|cli"
+KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads|odds|recipes|floor|cli"
 PAIR = re.compile(rf"(?<!`)<!-- (?P<kind>{KINDS}): (?P<args>[a-z0-9._/ -]+?) -->(?P<body>.*?)<!-- /(?P=kind) -->",
                   re.DOTALL)
 OPENING = re.compile(rf"(?<!`)<!-- (?:{KINDS}): ")
@@ -87,6 +92,10 @@ def generated(kind: str, args: list[str]) -> str:
         return odds([float(epsilon) for epsilon in args])
     if kind == "cli":
         return command_help(build_parser())
+    if kind == "recipes":
+        return recipes.table(recorded_recipes())
+    if kind == "floor":
+        return noise_floor([float(epsilon) for epsilon in args])
     if kind == "steps":
         method, preset, section, num_train = args
         return f"{dpsgd_steps(resolve_config(method, preset=preset), section, int(num_train)):,}"
@@ -140,6 +149,21 @@ def _percent(share: float) -> str:
     while decimals < 4 and round(100 * share, decimals) >= 100:
         decimals += 1
     return f"{100 * share:.{decimals}f} %"
+
+
+FLOOR_SIZES = (300, 1000, 3000)
+
+
+def noise_floor(epsilons: list[float]) -> str:
+    """The least noise per example of :data:`STEP_TARGET` steps at the largest sample rate a plan uses, for each
+    N of :data:`FLOOR_SIZES` and each ε."""
+    rows = [f"| N | {' | '.join(f'σ/B at ε = {epsilon:g}' for epsilon in epsilons)} |",
+            "| --- " * (len(epsilons) + 1) + "|"]
+    for units in FLOOR_SIZES:
+        cells = [f"{least_noise_per_example(units, epsilon, STEP_TARGET, MAX_SAMPLE_RATE):.3f}"
+                 for epsilon in epsilons]
+        rows.append(f"| {units:,} | {' | '.join(cells)} |")
+    return "\n".join(rows)
 
 
 def odds(epsilons: list[float]) -> str:

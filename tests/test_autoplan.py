@@ -108,6 +108,54 @@ def test_the_derived_plan_fits_the_budget(throughput):
     assert any(decision.startswith("dpsgd: ") for decision in decisions)
 
 
+# DP-MERF's phases as the AVX2 EPYC measured them at 64 px (seconds per private image, per generator iteration).
+MERF_64 = Throughput("cpu", {}, 0.0, 0.0, {"cnn": {"train": 4e-3, "test": 1.2e-3}}, 0.3, 5.0,
+                     {"fourier features": 3e-3, "generator": 1.1})
+
+
+@pytest.mark.parametrize("budget", [900, 1800, 3600])
+def test_dp_merf_is_priced_and_its_generator_sized_to_the_budget(budget):
+    config = resolve_config("dp-merf", preset="auto")
+    shape = method_shape(get_method("dp-merf"))
+    inputs = PlanInputs(3200, (1, 64, 64), 10, 400, 400, "cpu")
+    overrides, decisions = derive(config, shape, inputs, MERF_64, budget)
+    planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
+               for name, values in config.items()}
+    expected = estimate_seconds(planned, shape, inputs, MERF_64, compiled=False)
+    iterations = planned["generator"]["iterations_per_epoch"]
+    assert expected["fourier features"] == pytest.approx(3200 * 3e-3)
+    assert expected["generator"] == pytest.approx(planned["generator"]["epochs"] * iterations * 1.1)
+    assert expected["total"] <= budget * 1.02 and iterations < config["generator"]["iterations_per_epoch"]
+    assert any(decision.startswith("generator: generator.iterations_per_epoch") for decision in decisions)
+    assert not shape.unestimated
+
+
+def test_a_budget_below_dp_merfs_floor_is_refused_with_the_budget_that_holds_it():
+    config = resolve_config("dp-merf", preset="auto")
+    inputs = PlanInputs(3200, (1, 64, 64), 10, 400, 400, "cpu")
+    with pytest.raises(ConfigError, match="the generator at 10% of its iterations"):
+        derive(config, method_shape(get_method("dp-merf")), inputs, MERF_64, 120)
+
+
+def test_the_probe_times_dp_merfs_phases_on_public_tensors():
+    config = resolve_config("dp-merf", preset="auto", overrides=["frequency.features=200", "generator.batch_size=20"])
+    probes = get_method("dp-merf")(config).throughput_probes((1, 16, 16), 3, torch.device("cpu"))
+    seconds = {phase: per_unit() for phase, per_unit in probes.phases.items()}
+    assert set(seconds) == {"fourier features", "generator"} and all(value > 0 for value in seconds.values())
+    units = get_method("dp-merf").phase_units(config, 500)
+    assert units == {"fourier features": 500, "generator": 5 * 550}
+    feta = get_method("feta-pro").phase_units(resolve_config("feta-pro", preset="cpu"), 500)
+    assert feta == {"fourier features": 500, "auxiliary generator": 3 * 200}
+
+
+def test_privacy_prices_dp_merf_by_its_probe(capsys):
+    code = main(["privacy", "dp-merf", "--dataset", "digits", "--epsilon", "10", "--time-budget", "10m",
+                 "--set", "frequency.features=200"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "generator: generator.iterations_per_epoch" in out and "not timed by the probe" not in out
+    assert "fourier features" in out.split("expected wall time:")[1]
+
+
 def test_the_slow_cpu_releases_fewer_images_than_the_fast_one():
     config = resolve_config("dpdm", preset="auto")
     shape, inputs = method_shape(get_method("dpdm")), PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")

@@ -66,7 +66,7 @@ def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float
 
 def method_shape(method: type[Method]) -> MethodShape:
     return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels,
-                       method.unestimated_phases)
+                       method.unestimated_phases, method.phase_units, method.sized_phase)
 
 
 CHUNK_SIDE = 32  # the side at which the base preset's chunk sizes hold on a CPU (:func:`chunked`)
@@ -77,7 +77,8 @@ def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.de
     """Probe ``device`` for a run of ``config``: its DP-SGD sections, sampling, public training, the evaluation's
     classifiers and Inception (once per process for the same models, shapes and device)."""
     cls = type(method)
-    timed = (*cls.dpsgd_sections, *cls.public_sections, "model", "diffusion", "sampling", "evaluation")
+    timed = (*cls.dpsgd_sections, *cls.public_sections, *cls.probed_sections, "model", "diffusion", "sampling",
+             "evaluation")
     key = json.dumps([config["method"], inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
                       str(device),
                       {name: config[name] for name in timed if name in config}], sort_keys=True)
@@ -97,9 +98,11 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
                                          evaluation.classifier_batch_size, device) for name in names}
     fast = resolve_bf16(evaluation.fast_inception, device, "evaluation.fast_inception").value
     inception = inception_cost(device, fast, evaluation.inception_batch_size) if evaluation.enabled else 0.0
-    return Throughput(str(device), dpsgd, probes.sampling() if probes.sampling else 0.0,
-                      probes.public() if probes.public else 0.0, classifiers, inception,
-                      time.perf_counter() - start)
+    sampling = probes.sampling() if probes.sampling else 0.0
+    public = probes.public() if probes.public else 0.0
+    phases = {name: per_unit() for name, per_unit in probes.phases.items()}
+    return Throughput(str(device), dpsgd, sampling, public, classifiers, inception, time.perf_counter() - start,
+                      phases)
 
 
 STEP_TOLERANCE = 0.05  # a planned step measured within this share of its price keeps the probe's line
@@ -161,7 +164,7 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     config, decisions = deepened(config, inputs.shape[1], kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
     config, decisions = chunked(config, inputs.shape[1], device, kept, decisions)
-    if info.unit == "group":
+    if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
     throughput = measure(method_cls(config), config, inputs, device)
     compiles = lambda trial: compiles_sampling(trial, inputs.shape[1], device)  # noqa: E731

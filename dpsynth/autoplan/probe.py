@@ -7,7 +7,7 @@ chooses its per-example gradients, oneDNN picks kernels), then times it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -119,8 +119,8 @@ def inception_cost(device: torch.device, fast: bool, batch_size: int) -> float:
 @dataclass(frozen=True)
 class Throughput:
     """What the probe measured on ``device``: each DP-SGD section's step cost, seconds per image-step of sampling
-    and per row of public training, each downstream classifier's seconds per image, Inception's seconds per image
-    and the probe's own seconds."""
+    and per row of public training, each downstream classifier's seconds per image, Inception's seconds per image,
+    the probe's own seconds and the seconds per unit of each other phase the method times (``Probes.phases``)."""
 
     device: str
     dpsgd: dict[str, StepCost]
@@ -129,6 +129,7 @@ class Throughput:
     classifiers: dict[str, dict[str, float]]
     inception_per_image: float
     probe_seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """For config.yaml: plain numbers, rounded to 4 significant digits."""

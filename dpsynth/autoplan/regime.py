@@ -146,3 +146,15 @@ def distance(plan: PlannedTraining, outcome: Outcome) -> float:
     """How far ``outcome`` lies from ``plan`` in the (log sigma/B, log T) plane."""
     return math.hypot(math.log(plan.noise_per_example / outcome.noise_per_example),
                       math.log(plan.steps / outcome.steps))
+
+
+def least_noise_per_example(units: int, epsilon: float, steps: int, sample_rate: float) -> float:
+    """The noise per example sigma / B of ``steps`` DP-SGD steps at ``sample_rate`` over ``units`` people (or
+    images) calibrated to ``epsilon`` at the default delta: at a fixed epsilon it falls only about as
+    sqrt(steps x ln(1 / delta)) / (epsilon x N), whatever the batch."""
+    from ..privacy.accountant import Accountant, default_delta
+    from ..privacy.events import SubsampledGaussianMechanism
+
+    sigma = Accountant().calibrate([], lambda noise: SubsampledGaussianMechanism(noise, sample_rate, steps), epsilon,
+                                   default_delta(units))
+    return sigma / (sample_rate * units)

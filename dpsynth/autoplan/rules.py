@@ -51,6 +51,7 @@ EVALUATION_CUTS: tuple[dict[str, Any], ...] = (
     {"evaluation.num_synthetic": 1000, "evaluation.num_real": 1000},
     {"evaluation.num_synthetic": 250, "evaluation.num_real": 250, "evaluation.classifier_epochs": 3},
 )
+MIN_SIZED_SHARE = 0.1  # of the base preset's iterations of a sized phase (DP-MERF's generator): its floor
 STARTUP_SECONDS = 20.0  # imports, loading the data, checkpoints and the release's files
 EVALUATION_FIXED_SECONDS = 20.0  # FID, FID-infinity, KID, precision / recall and the pictures, past the features
 # Compiling the fp32 CPU sampler (dpsynth.hardware.resolve_compile): 0.51x the eager time after ~40 s.
@@ -201,15 +202,55 @@ def public_seconds(config: Config, sections: tuple[str, ...], throughput: Throug
     return sum(config[name]["iterations"] * config[name]["batch_size"] * rate for name in sections)
 
 
+def _no_phases(config: Config, num_images: float) -> dict[str, float]:
+    return {}
+
+
 @dataclass(frozen=True)
 class MethodShape:
     """What the plan needs of a method: its DP-SGD sections, its public training sections, whether it releases
-    soft labels, and the phases the probe does not time."""
+    soft labels, the phases the probe does not time, the units of work of the phases it times by the unit
+    (``phase_units(config, num_images)``) and the one of those whose iterations the plan sizes (phase, key)."""
 
     dpsgd_sections: tuple[str, ...]
     public_sections: tuple[str, ...]
     soft_labels: bool
     unestimated: tuple[str, ...]
+    phase_units: Callable[[Config, float], dict[str, float]] = _no_phases
+    sized_phase: tuple[str, str] | None = None
+
+
+def phase_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput
+                  ) -> dict[str, float]:
+    """Seconds of each phase the probe times by the unit: its units in ``config`` x its seconds per unit."""
+    units = method.phase_units(config, inputs.num_train * inputs.images_per_unit)
+    return {phase: count * throughput.phases[phase] for phase, count in units.items() if count}
+
+
+def sized_phase(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, seconds: float,
+                kept: Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The override of the sized phase's key (iterations per epoch) that fits its time into ``seconds``: the base
+    preset's iterations at most, :data:`MIN_SIZED_SHARE` of them at least (the training floor); the decision."""
+    assert method.sized_phase is not None
+    phase, key = method.sized_phase
+    section, name = key.split(".")
+    base = config[section][name]
+    if key in kept:
+        return {}, [f"{phase}: {key} {base} as set"]
+    per_key_unit = phase_seconds(config, method, inputs, throughput)[phase] / base  # the key's unit, every epoch
+    iterations = min(base, max(math.ceil(MIN_SIZED_SHARE * base), int(max(seconds, 0.0) / per_key_unit)))
+    words = (f"{phase}: {key} {iterations} of the base preset's {base}: {iterations * per_key_unit / 60:.1f} min at "
+             f"{throughput.phases[phase]:.3g} s per iteration, of {max(seconds, 0.0) / 60:.1f} min left for it")
+    return {section: {name: iterations}}, [words]
+
+
+def floor_words(method: MethodShape) -> str:
+    """The least training a plan releases, in words."""
+    if method.dpsgd_sections:
+        return f"{MIN_STEPS} DP-SGD steps"
+    if method.sized_phase is not None:
+        return f"the {method.sized_phase[0]} at {MIN_SIZED_SHARE:.0%} of its iterations"
+    return "start-up"
 
 
 def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
@@ -218,6 +259,7 @@ def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, th
     phases = {"startup": STARTUP_SECONDS}
     if method.public_sections:
         phases["public training"] = public_seconds(config, method.public_sections, throughput)
+    phases.update(phase_seconds(config, method, inputs, throughput))
     for section in method.dpsgd_sections:
         phases[f"dp-sgd ({section})"] = dpsgd_seconds(config, section, inputs, throughput)
     phases["sampling"] = sampling_seconds(config, throughput, compiled)
@@ -239,9 +281,17 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
     that config's release would be sampled compiled (it depends on the release's size)."""
     floor = training_floor(config, method, inputs, throughput, kept)
     overrides, after, decisions = fit_release(config, method, inputs, throughput, compiles, budget, floor, kept)
+    phases = phase_seconds(config, method, inputs, throughput)
+    left = (budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
+            - sum(seconds for phase, seconds in phases.items() if method.sized_phase is None
+                  or phase != method.sized_phase[0]))
+    if method.sized_phase is not None:
+        sized, words = sized_phase(config, method, inputs, throughput, left, kept)
+        for section, values in sized.items():
+            overrides.setdefault(section, {}).update(values)
+        return overrides, [*decisions, *words]
     if not method.dpsgd_sections:
         return overrides, decisions
-    left = budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
     shares = _section_shares(config, method.dpsgd_sections)
     for section, share in shares.items():
         values = config[section]
@@ -282,6 +332,9 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
     :data:`MIN_STEPS` steps of at least :data:`MIN_BATCH` units (the data's largest batch where that is smaller;
     the user's batch where set), or the user's own steps where they set the epochs."""
     seconds = STARTUP_SECONDS + public_seconds(config, method.public_sections, throughput)
+    sized_phase, sized_key = method.sized_phase or (None, None)
+    for phase, phase_time in phase_seconds(config, method, inputs, throughput).items():
+        seconds += phase_time * (MIN_SIZED_SHARE if phase == sized_phase and sized_key not in kept else 1)
     least = max(1, min(MIN_BATCH, floor_power_of_two(inputs.num_train * MAX_SAMPLE_RATE)))
     for section in method.dpsgd_sections:
         values = config[section]
@@ -318,14 +371,14 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
                f"--time-budget {keeping}m keeps it, `dpsynth evaluate RUN_DIR` evaluates the release later")
     if after > budget - floor:
         needed = math.ceil((floor + after) / 60)
-        raise ConfigError(f"plan.time_budget {budget / 60:g} min is too short on this machine: {MIN_STEPS} DP-SGD "
-                          f"steps (the least a plan releases) take {floor / 60:.1f} min with start-up, and the "
+        raise ConfigError(f"plan.time_budget {budget / 60:g} min is too short on this machine: {floor_words(method)} "
+                          f"(the least a plan releases) take {floor / 60:.1f} min with start-up, and the "
                           f"smallest release {after / 60:.1f} min; give --time-budget {needed}m or more "
                           f"({keeping}m with the minimum evaluation), or a smaller dataset.train_resolution")
     size = SamplingSettings.of(trial).num_samples
     decisions = [f"release {size:,} images: sampling and evaluation {after / 60:.1f} min "
                  f"({'within' if after <= EVALUATION_SHARE * budget else 'over'} {EVALUATION_SHARE:.0%} of the "
-                 f"budget; the training floor, {MIN_STEPS} DP-SGD steps, takes {floor / 60:.1f} min)"]
+                 f"budget; the training floor, {floor_words(method)}, takes {floor / 60:.1f} min)"]
     if cut and EvaluationSettings.of(trial).enabled:
         evaluation = evaluation_seconds(trial, inputs, throughput, method.soft_labels)
         decisions.append(f"evaluation cut to fit the budget, training first: {cut} ({evaluation / 60:.1f} min)")

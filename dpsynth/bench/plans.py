@@ -40,6 +40,7 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     config = load_config((run / CONFIG).read_text(), str(run / CONFIG))
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     privacy = json.loads((run / "release" / "privacy.json").read_text())
+    trains = "dpsgd" in config  # DP-SGD, its last stage; else one release of noisy statistics (DP-MERF)
     dpsgd = privacy["stages"][-1]["mechanisms"][0]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     plan = PlanSettings.of(config)
@@ -47,7 +48,8 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
-            "batch": config["dpsgd"]["batch_size"], "steps": dpsgd["steps"],
+            "method": config["method"], "batch": config["dpsgd"]["batch_size"] if trains else None,
+            "steps": dpsgd["steps"] if trains else None,
             "trained_at": privacy.get("upscaling", {}).get("private_side"),
             "release": SamplingSettings.of(config).num_samples, "epsilon": privacy["epsilon"],
             "preset": config["preset"], "measured_min": wall / 60,
@@ -74,7 +76,10 @@ def quote(folder: Path, key: str) -> str:
 
 
 def _schedule(row: dict[str, Any]) -> str:
-    """A row's batch x steps, and the side it trained at where that was below the release's."""
+    """A row's batch x steps, and the side it trained at where that was below the release's; a method without
+    DP-SGD by name."""
+    if row.get("steps") is None:
+        return f"{row['method']}: no DP-SGD"
     return f"{row['batch']} x {row['steps']}" + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
 
 

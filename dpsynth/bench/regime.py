@@ -50,20 +50,21 @@ def outcome_of(run: Path, results: Path) -> Outcome | None:
         return None
     config = yaml.safe_load((run / "config.yaml").read_text())
     event, dataset = events[0], config["dataset"]
-    units = _units(run, config)
-    machine, date = _provenance(run, results)
-    return Outcome(record=str(run.relative_to(results)), method=config["method"], data=_data(dataset),
-                   side=_side(run, config), start=_start(config), units=units, batch=event["sample_rate"] * units,
+    units = public_units(run, config)
+    machine, date = provenance(run, results)
+    return Outcome(record=str(run.relative_to(results)), method=config["method"], data=data_name(dataset),
+                   side=trained_side(run, config), start=_start(config), units=units,
+                   batch=event["sample_rate"] * units,
                    steps=int(event["steps"]), sigma=float(event["noise_multiplier"]),
-                   accuracy=float(cnn["test_accuracy"]), chance=1 / _classes(run, config), machine=machine,
+                   accuracy=float(cnn["test_accuracy"]), chance=1 / class_count(run, config), machine=machine,
                    date=date)
 
 
-def _data(dataset: dict[str, Any]) -> str:
+def data_name(dataset: dict[str, Any]) -> str:
     return Path(dataset["data_dir"]).name if dataset.get("data_dir") else dataset["name"]
 
 
-def _side(run: Path, config: dict[str, Any]) -> int:
+def trained_side(run: Path, config: dict[str, Any]) -> int:
     """The side the run trained at: declared, drawn by its shape vote, stated by its datasheet, or the set's own."""
     dataset, drawn = config["dataset"], config["privacy"].get("noisy_shape")
     if isinstance(dataset.get("train_resolution"), int):  # read smaller than the data, the release lifted back
@@ -76,17 +77,17 @@ def _side(run: Path, config: dict[str, Any]) -> int:
     found = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
     if found:
         return int(found[2])
-    named = SIDE_IN_NAME.search(_data(dataset))
-    return int(named[1]) if named else NATIVE_SIDE[re.split(r"[-.]", _data(dataset))[0] if dataset["name"] == "npz"
+    named = SIDE_IN_NAME.search(data_name(dataset))
+    return int(named[1]) if named else NATIVE_SIDE[re.split(r"[-.]", data_name(dataset))[0] if dataset["name"] == "npz"
                                                    else dataset["name"]]
 
 
-def _units(run: Path, config: dict[str, Any]) -> int:
+def public_units(run: Path, config: dict[str, Any]) -> int:
     """The training split's public size, as the release's privacy.json states it."""
     return int(json.loads((run / "release" / "privacy.json").read_text())["dataset_size"])
 
 
-def _classes(run: Path, config: dict[str, Any]) -> int:
+def class_count(run: Path, config: dict[str, Any]) -> int:
     """The number of classes, from the release's per-class table when it has a datasheet, else the set's own."""
     readme = run / "release" / "README.md"
     if readme.is_file():
@@ -101,7 +102,7 @@ def _start(config: dict[str, Any]) -> Start:
     return "public model" if method.starts_from_public_model() else "random"
 
 
-def _provenance(run: Path, results: Path) -> tuple[str, str]:
+def provenance(run: Path, results: Path) -> tuple[str, str]:
     """The machine and date of a measurement: machine.txt beside a measured plan and its run's time stamp, or a
     bench record's header."""
     for folder in (run.parent, run.parent.parent):

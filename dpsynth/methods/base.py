@@ -84,6 +84,9 @@ class Method(ABC):
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
     unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time
+    # The phase of Probes.phases whose iterations a derived plan sizes to the budget, and the key it sets.
+    sized_phase: ClassVar[tuple[str, str] | None] = None
+    probed_sections: ClassVar[tuple[str, ...]] = ()  # other sections its throughput probes read (their phases)
     smoke: ClassVar[tuple[str, ...]] = ()  # --set pairs over the cpu preset: a few steps of every stage
     resume_settings: ClassVar[tuple[str, ...]] = ()  # keys a resumed run may change (chunk sizes, say)
     # Command-line options for its keys: option -> (key, help, metavar or None), a literal (the command line reads
@@ -127,6 +130,12 @@ class Method(ABC):
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """What the planner's probe times on random public tensors of ``shape`` (none by default)."""
         return Probes({})
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        """Units of work (images, iterations) of each phase in its probes' ``phases`` that a run of ``config`` on
+        ``num_images`` private images does, for the planner's price (none by default)."""
+        return {}
 
     def class_balance(self) -> str:
         """How the release's labels are spread over the classes, in words for the datasheet."""

@@ -22,11 +22,13 @@ from ..models.generator import ConditionalGenerator
 from ..privacy import GaussianMechanism, PlannedStage
 from ..privacy.fourier_features import FrequencySettings, RandomFourierFeatures, released_class_means
 from ..training.context import RunContext, weights
-from ..training.feature_generator import GeneratorSettings, fit_generator, generated_set
+from ..training.feature_generator import FEATURES_PHASE, GeneratorSettings, fit_generator, fitting_probes, generated_set
+from ..training.probes import Probes
 from .base import CPU_PROTOCOL, Method, Paper, Release, register
 
 MEANS_STAGE = "rff-means"
 PREVIEW = "generator_samples.png"
+GENERATOR_PHASE = "generator"  # per iteration
 
 
 @register
@@ -36,7 +38,8 @@ class DPMERF(Method):
     name = "dp-merf"
     smoke = ("frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3", "generator.latent=8",
              "generator.width=16")
-    unestimated_phases = ("the Fourier features and the generator",)
+    sized_phase = (GENERATOR_PHASE, "generator.iterations_per_epoch")
+    probed_sections = ("frequency", "generator")
     description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
     paper = Paper("Frederik Harder, Kamil Adamczewski, Mijung Park",
                   "DP-MERF: Differentially Private Mean Embeddings with Random Features for Practical "
@@ -63,6 +66,15 @@ class DPMERF(Method):
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
         return [PlannedStage(MEANS_STAGE, calibrated=GaussianMechanism)]
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        return Probes({}, phases=fitting_probes(self.generator_settings, self.frequency_settings, shape, num_classes,
+                                                device, GENERATOR_PHASE))
+
+    @classmethod
+    def phase_units(cls, config: dict[str, Any], num_images: float) -> dict[str, float]:
+        generator = config["generator"]
+        return {FEATURES_PHASE: num_images, GENERATOR_PHASE: generator["epochs"] * generator["iterations_per_epoch"]}
 
     def fit(self, context: RunContext) -> None:
         """Release the means and fit the generator on rank 0 (each released in turn, or restored), then save a

@@ -7,6 +7,7 @@ post-processing and costs no privacy.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,11 @@ from ..config import positive
 from ..data import DatasetInfo, ImageSet
 from ..generators import balanced_labels, one_step_images
 from ..models.generator import ConditionalGenerator
-from ..privacy.fourier_features import RandomFourierFeatures
+from ..privacy.fourier_features import FrequencySettings, RandomFourierFeatures
+from .probes import timed
+
+FEATURES_PHASE = "fourier features"  # per private image
+PROBE_IMAGES, PROBE_ITERATIONS = 256, 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,15 +65,54 @@ def fit_generator(generator: ConditionalGenerator, targets: torch.Tensor, rff: R
     for _ in tqdm(range(settings.epochs), desc="auxiliary generator", dynamic_ncols=True):
         total = torch.zeros((), device=device)  # read once per epoch: no host synchronisation per iteration
         for _ in range(settings.iterations_per_epoch):
-            z = torch.randn((settings.batch_size, generator.latent), generator=rng).to(device)
-            loss = feature_matching_loss(generator(z, labels), labels, targets, rff)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
+            total += _fitting_step(generator, optimizer, labels, targets, rff, device, rng)
         scheduler.step()
         losses.append(float(total) / settings.iterations_per_epoch)
     return losses
+
+
+def _fitting_step(generator: ConditionalGenerator, optimizer: torch.optim.Optimizer, labels: torch.Tensor,
+                  targets: torch.Tensor, rff: RandomFourierFeatures, device: torch.device,
+                  rng: torch.Generator) -> torch.Tensor:
+    """One Adam step of the feature-matching loss on a batch of ``len(labels)`` generated images; its loss."""
+    z = torch.randn((len(labels), generator.latent), generator=rng).to(device)
+    loss = feature_matching_loss(generator(z, labels), labels, targets, rff)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def fitting_probes(settings: GeneratorSettings, frequency: FrequencySettings, shape: tuple[int, int, int],
+                   num_classes: int, device: torch.device, phase: str) -> dict[str, Callable[[], float]]:
+    """For the planner's probe, on random public tensors: the seconds per private image of the features
+    (:data:`FEATURES_PHASE`) and per iteration of fitting the generator (``phase``), each after a warm-up."""
+    rng = torch.Generator().manual_seed(0)
+
+    def features() -> RandomFourierFeatures:
+        return RandomFourierFeatures(shape[0] * shape[1] * shape[2], frequency.features, frequency.bandwidth, 0)
+
+    def per_image() -> float:
+        rff, images = features(), torch.rand(PROBE_IMAGES, *shape, generator=rng)
+        weights = torch.ones(PROBE_IMAGES)
+        rff.summed(images[:2], weights[:2])
+        return timed(lambda: rff.summed(images, weights), device) / PROBE_IMAGES
+
+    def per_iteration() -> float:
+        rff = features()
+        generator = ConditionalGenerator(shape[0], shape[1], shape[2], num_classes, settings.latent,
+                                         settings.width).to(device)
+        optimizer = torch.optim.Adam(generator.parameters(), lr=settings.lr)
+        labels = balanced_labels(settings.batch_size, num_classes).to(device)
+        targets = torch.zeros(num_classes, frequency.features, device=device)
+
+        def steps() -> None:
+            for _ in range(PROBE_ITERATIONS):
+                _fitting_step(generator, optimizer, labels, targets, rff, device, rng)
+        _fitting_step(generator, optimizer, labels, targets, rff, device, rng)
+        return timed(steps, device) / PROBE_ITERATIONS
+
+    return {FEATURES_PHASE: per_image, phase: per_iteration}
 
 
 @torch.no_grad()

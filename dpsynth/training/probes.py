@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,12 +30,15 @@ class DpsgdProbe:
 
 @dataclass(frozen=True)
 class Probes:
-    """What a method lets the probe time: each DP-SGD section (its probe and rows per example), and calls that
-    return the seconds per image-step of sampling and per row of training on public data (None: it has none)."""
+    """What a method lets the probe time: each DP-SGD section (its probe and rows per example), calls that return
+    the seconds per image-step of sampling and per row of training on public data (None: it has none), and per
+    other phase a call that returns the seconds of one unit of its work (an image, an iteration), which
+    :meth:`~dpsynth.methods.base.Method.phase_units` counts."""
 
     dpsgd: dict[str, tuple[DpsgdProbe, int]]
     sampling: Callable[[], float] | None = None
     public: Callable[[], float] | None = None
+    phases: dict[str, Callable[[], float]] = field(default_factory=dict)
 
 
 def timed(call: Callable[[], Any], device: torch.device) -> float:

@@ -19,18 +19,22 @@ from ...privacy import PlannedStage
 from ...privacy.fourier_features import FrequencyQuery, FrequencySettings, RandomFourierFeatures, noisy_class_means
 from ...training.context import RunContext
 from ...training.feature_generator import (
+    FEATURES_PHASE,
     GeneratorSettings,
     feature_matching_loss,
     fit_generator,
+    fitting_probes,
     generated_set,
 )
 from ...training.private import DiffusionDpsgdSection
+from ...training.probes import Probes
 from ...training.warmup import LossFn, Warmup, WarmupSettings
 from ...utils.images import to_uint8
 from ..base import DiffusionMethod, Paper, register
 from ..dp_feta import DPFETA, DPSGD_STAGE, CentralSettings, central_stage, released_central_images
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
+AUXILIARY_PHASE = "auxiliary generator"  # per iteration
 FREQUENCY_STAGE = "frequency-features"
 # Phases of each curriculum order; "no-auxiliary" fits the diffusion model's own samples to the features.
 ORDERS = {
@@ -104,7 +108,7 @@ class FETAPro(DiffusionMethod):
              "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2", "frequency_warmup.sample_steps=2")
     dpsgd_sections = DPFETA.dpsgd_sections
     public_sections = ("warmup", "frequency_warmup")
-    unestimated_phases = ("the auxiliary generator",)
+    probed_sections = ("frequency", "generator")
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
     paper = Paper("Chen Gong, Kecen Li, Zinan Lin, Tianhao Wang",
                   "From Easy to Hard++: Promoting Differentially Private Image Synthesis Through Spatial-Frequency "
@@ -134,6 +138,17 @@ class FETAPro(DiffusionMethod):
         self.generator_settings = section_settings(AuxiliaryGeneratorSettings, config, "generator")
         self.frequency_warmup_settings = section_settings(FrequencyWarmupSettings, config, "frequency_warmup")
         self.order = section_settings(CurriculumSettings, config, "curriculum").order
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        phases = fitting_probes(self.generator_settings, self.frequency_settings, shape, num_classes, device,
+                                AUXILIARY_PHASE)
+        return replace(super().throughput_probes(shape, num_classes, device), phases=phases)
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        generator, fitted = config["generator"], config.get("curriculum", {}).get("order") != "no-auxiliary"
+        return {FEATURES_PHASE: num_images,
+                AUXILIARY_PHASE: generator["epochs"] * generator["iterations_per_epoch"] if fitted else 0}
 
     def _noise(self, section: str, value: float | None) -> float:
         """``value``, or for None DPImageBench's noise multiplier of ``section`` at the run's epsilon."""
