@@ -11,7 +11,16 @@ from conftest import finished_run
 
 from dpsynth.api import dataset_from_config, planned_config, resolve_config
 from dpsynth.autoplan.memory import USABLE, probe_memory
-from dpsynth.autoplan.plan import check_preset_fits, chunked, deepened, method_shape, plan_inputs
+from dpsynth.autoplan.plan import (
+    SUSTAINED_FIXED,
+    SUSTAINED_SHARE,
+    check_preset_fits,
+    chunked,
+    deepened,
+    method_shape,
+    plan_inputs,
+    sustained,
+)
 from dpsynth.autoplan.probe import StepCost, Throughput
 from dpsynth.autoplan.rules import (
     MAX_SAMPLE_RATE,
@@ -212,6 +221,14 @@ def test_a_derived_config_records_its_probe_and_keeps_what_the_user_set():
     assert plan["base"] == "cpu" and plan["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
     assert planned["diffusion"]["noise_levels"] == "log-normal"  # the cpu preset's winning lever, kept by the plan
     assert plan["expected_seconds"]["total"] > plan["expected_seconds"]["dp-sgd (dpsgd)"] > 0
+    assert any(decision.startswith("DP-SGD steps priced sustained") for decision in plan["decisions"])
+
+
+def test_cpu_steps_are_priced_as_a_run_sustains_them():
+    priced, words = sustained(XEON, torch.device("cpu"))
+    timed = XEON.dpsgd["dpsgd"].seconds(512)
+    assert priced.dpsgd["dpsgd"].seconds(512) == pytest.approx(SUSTAINED_SHARE * timed + SUSTAINED_FIXED)
+    assert words and sustained(XEON, torch.device("cuda")) == (XEON, [])
 
 
 def test_run_requires_epsilon_and_help_shows_defaults(capsys):

@@ -6,14 +6,19 @@ import torch
 from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, secret_stream, warmup_step_logged
 
 from dpsynth.api import resolve_config
-from dpsynth.data import ImageSet, load_dataset
+from dpsynth.data import DatasetInfo, ImageSet, load_dataset
 from dpsynth.diffusion import Diffusion
 from dpsynth.errors import ConfigError
 from dpsynth.methods.feta_pro import FETAPro, auto_noise
 from dpsynth.models import build_unet
 from dpsynth.models.generator import ConditionalGenerator
 from dpsynth.privacy import GaussianMechanism, ParallelComposition, PrivacyLedger
-from dpsynth.privacy.fourier_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means
+from dpsynth.privacy.fourier_features import (
+    FrequencyQuery,
+    FrequencySettings,
+    RandomFourierFeatures,
+    noisy_class_means,
+)
 from dpsynth.training.feature_generator import GeneratorSettings, feature_matching_loss, fit_generator
 
 
@@ -35,6 +40,20 @@ def test_adding_one_image_moves_the_class_feature_sum_by_at_most_one():
 def test_the_frequencies_are_public_a_fixed_seed_gives_the_same_features():
     images = torch.rand(3, 1, 8, 8)
     assert torch.equal(RandomFourierFeatures(64, 20, 5.0, 7)(images), RandomFourierFeatures(64, 20, 5.0, 7)(images))
+
+
+def test_a_scaled_bandwidth_keeps_two_images_kernel_across_sides():
+    """Under ``values`` scaling two pictures and their copies at twice the side (four times the values, four times
+    the squared distance) are as near in the kernel as at the smaller side; unscaled they are not."""
+    small, other = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    large, other_large = (image.repeat_interleave(2, 1).repeat_interleave(2, 2) for image in (small, other))
+    for scaling, same in (("values", True), ("none", False)):
+        settings = FrequencySettings(features=20_000, bandwidth_scaling=scaling)
+        kernels = []
+        for a, b in ((small, other), (large, other_large)):
+            rff = settings.features_of(DatasetInfo("probe", *a.shape, ["a", "b"], "test"))
+            kernels.append(float(rff(a[None]) @ rff(b[None]).T))
+        assert (kernels[1] == pytest.approx(kernels[0], abs=0.03)) is same
 
 
 def test_class_means_read_only_their_class_and_record_one_parallel_release(tmp_path):

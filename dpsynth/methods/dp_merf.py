@@ -97,7 +97,7 @@ class DPMERF(Method):
                 means: torch.Tensor) -> dict[str, torch.Tensor]:
         """The weights of ``generator`` fitted to the released ``means`` (post-processing)."""
         losses = fit_generator(generator, means.to(context.device), rff, self.generator_settings, context.device,
-                               context.generator)
+                               context.generator, GENERATOR_PHASE)
         context.log("generator", loss_per_epoch=losses)
         return weights(generator)
 

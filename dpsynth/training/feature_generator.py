@@ -55,14 +55,16 @@ def feature_matching_loss(images: torch.Tensor, labels: torch.Tensor, targets: t
 
 
 def fit_generator(generator: ConditionalGenerator, targets: torch.Tensor, rff: RandomFourierFeatures,
-                  settings: GeneratorSettings, device: torch.device, rng: torch.Generator) -> list[float]:
-    """Train ``generator`` so each class's mean features approach ``targets`` (C x D); the loss per epoch."""
+                  settings: GeneratorSettings, device: torch.device, rng: torch.Generator,
+                  phase: str = "generator") -> list[float]:
+    """Train ``generator`` so each class's mean features approach ``targets`` (C x D), under a progress bar
+    named ``phase``; the loss per epoch."""
     optimizer = torch.optim.Adam(generator.parameters(), lr=settings.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=settings.lr_decay)
     labels = balanced_labels(settings.batch_size, generator.num_classes).to(device)
     losses = []
     generator.train()
-    for _ in tqdm(range(settings.epochs), desc="auxiliary generator", dynamic_ncols=True):
+    for _ in tqdm(range(settings.epochs), desc=phase, dynamic_ncols=True):
         total = torch.zeros((), device=device)  # read once per epoch: no host synchronisation per iteration
         for _ in range(settings.iterations_per_epoch):
             total += _fitting_step(generator, optimizer, labels, targets, rff, device, rng)
@@ -90,7 +92,8 @@ def fitting_probes(settings: GeneratorSettings, frequency: FrequencySettings, sh
     rng = torch.Generator().manual_seed(0)
 
     def features() -> RandomFourierFeatures:
-        return RandomFourierFeatures(shape[0] * shape[1] * shape[2], frequency.features, frequency.bandwidth, 0)
+        dimension = shape[0] * shape[1] * shape[2]
+        return RandomFourierFeatures(dimension, frequency.features, frequency.bandwidth_for(dimension), 0)
 
     def per_image() -> float:
         rff, images = features(), torch.rand(PROBE_IMAGES, *shape, generator=rng)

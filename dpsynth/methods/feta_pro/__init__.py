@@ -223,7 +223,7 @@ class FETAPro(DiffusionMethod):
         settings = self.generator_settings
         generator = settings.build(context.dataset.info).to(context.device)
         losses = fit_generator(generator, targets.to(context.device), rff, settings, context.device,
-                               context.generator)
+                               context.generator, AUXILIARY_PHASE)
         context.log("auxiliary-generator", loss_per_epoch=losses)
         images = generated_set(generator, settings.images, settings.batch_size, context.device,
                                context.generator)
