@@ -170,7 +170,8 @@ def _per_class(info: DatasetInfo, labels: np.ndarray, method: Method) -> list[st
 
 REGIME_WORDS = {"learns": "where a recorded run with as much noise and no more steps learned",
                 "untested": "between the recorded runs: no record says whether it learns",
-                "fails": "where every recorded run with less noise and more steps learned nothing"}
+                "fails": "where a recorded run with more signal against its noise over at least half its steps "
+                         "learned nothing"}
 
 
 def _regime(report: dict[str, Any]) -> list[str]:

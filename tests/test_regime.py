@@ -34,10 +34,12 @@ def plan(noise: float, steps: int, side: int = 28, start: str = "random") -> Pla
     return PlannedTraining("dp-sgd", noise * 100, 100.0, steps, side, start)
 
 
-def test_a_failure_with_less_noise_and_more_steps_refuses_and_a_success_with_more_noise_vouches():
+def test_a_failure_with_more_signal_refuses_and_a_success_with_more_noise_vouches():
     records = (outcome(0.04, 800, 0.11), outcome(0.01, 800, 0.85))
     assert assess(plan(0.05, 500), records).verdict == "fails"  # more noise, fewer steps than a failure
-    assert assess(plan(0.05, 900), records).verdict == "untested"  # more steps than the failure had
+    assert assess(plan(0.05, 900), records).verdict == "fails"  # a few more steps cannot make up 25 % more noise
+    assert assess(plan(0.042, 900), records).verdict == "untested"  # they can make up 5 %: more signal than it
+    assert assess(plan(0.07, 1700), records).verdict == "untested"  # less signal, but over twice its steps
     assert assess(plan(0.008, 900), records).verdict == "learns"  # less noise, more steps than a success
     assert assess(plan(0.02, 800), records).verdict == "untested"  # between the two
     assert assess(plan(0.05, 500, side=16), records).verdict == "untested"  # a failure at 28 px says nothing at 16
@@ -70,6 +72,8 @@ def test_the_recommendation_is_the_best_of_the_nearest_measured_cell_within_the_
     assert recommend(1000, 64, 1, 60, measured).chosen is measured[5]  # the epsilon counts as much as N
     nothing = recommend(300, 64, 10, 60, measured)
     assert nothing.chosen is measured[3] and "none measured learned anything" in nothing.lines()[0]
+    far = recommend(1000, 64, 1, 60, measured[:5])  # only epsilon = 10 measured: no recommendation at epsilon 1
+    assert far.chosen is None and far.considered and "none measured near this N and epsilon" in far.lines()[0]
     assert recommend(1000, 128, 10, 60, measured).chosen is None  # no recipe at another side
 
 

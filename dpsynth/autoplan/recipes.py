@@ -91,6 +91,10 @@ class Recommendation:
         """The recommendation in words, for ``dpsynth privacy``."""
         asked = (f"N = {self.units:,} at {self.side} px, epsilon {self.epsilon:g}, "
                  f"--time-budget {self.budget_minutes:g}m")
+        if self.chosen is None and self.considered:
+            return [f"recommended method for {asked}: none measured near this N and epsilon (none within "
+                    f"{math.exp(CELL):.2g}x of both); the nearest measured, for reference:",
+                    *(f"  measured: {recipe.words()}" for recipe in self.considered)]
         if self.chosen is None:
             return [f"recommended method for {asked}: no measured recipe at {self.side} px within the budget; "
                     "the own-data guide's recipe table lists the recorded ones"]
@@ -111,7 +115,8 @@ def recommend(units: int, side: int, epsilon: float, budget_minutes: float,
               recipes: tuple[Recipe, ...] | None = None) -> Recommendation:
     """The recipe for ``units`` people (or images) at ``side`` px, ``epsilon`` and ``budget_minutes``: of the
     recipes at that side measured within the budget, those nearest in (log N, log epsilon); of them the one that
-    went furthest from chance."""
+    went furthest from chance. None is chosen (the nearest are listed) where the nearest lies more than
+    :data:`CELL` away: a recipe measured at ten times the epsilon says little of this one."""
     recipes = recorded_recipes() if recipes is None else recipes
     fitting = [recipe for recipe in recipes
                if recipe.side == side and recipe.budget_minutes <= BUDGET_SLACK * budget_minutes]
@@ -120,7 +125,8 @@ def recommend(units: int, side: int, epsilon: float, budget_minutes: float,
     nearest = min(_distance(recipe, units, epsilon) for recipe in fitting)
     considered = tuple(sorted((recipe for recipe in fitting if _distance(recipe, units, epsilon) <= nearest + CELL),
                               key=lambda recipe: -recipe.gain))
-    return Recommendation(units, side, epsilon, budget_minutes, considered[0], considered)
+    chosen = considered[0] if nearest <= CELL else None
+    return Recommendation(units, side, epsilon, budget_minutes, chosen, considered)
 
 
 def _distance(recipe: Recipe, units: int, epsilon: float) -> float:

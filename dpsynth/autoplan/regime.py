@@ -10,9 +10,10 @@ the same CNN's chance. A record *learned* when its accuracy is at least halfway 
 
 A plan is compared with the records of its kind of start (from random weights, or from a public model):
 
-- **will not learn** when a record that learned nothing had no more noise per example, at least as many steps and
-  at most the plan's side (a larger image is no easier): the run is refused before anything is spent, unless
-  ``plan.force`` is set;
+- **will not learn** when a record that learned nothing had at most the plan's side (a larger image is no easier),
+  at least half its steps and no less signal against its noise, sqrt(T) / (sigma / B) (the signal-to-noise ratio
+  the plan's rules trade steps and batch by; a record with less noise and more steps always has more): the run is
+  refused before anything is spent, unless ``plan.force`` is set;
 - **expected to learn** when a record that learned had at least the plan's noise per example, at most its steps
   and at least its side;
 - **untested** otherwise: printed with the nearest records, not refused.
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 OUTCOMES_FILE = "outcomes.json"
 LEARNED_SHARE, NOTHING_SHARE = 0.5, 0.1  # of the way from chance to 100 % accuracy
+STEPS_REACH = 2  # a record that learned nothing speaks for plans of up to this multiple of its steps
 Verdict = Literal["learns", "untested", "fails"]
 VERDICT_ORDER: tuple[Verdict, ...] = ("learns", "untested", "fails")  # best first
 Start = Literal["random", "public model"]
@@ -58,6 +60,10 @@ class Outcome:
     @property
     def noise_per_example(self) -> float:
         return self.sigma / self.batch
+
+    @property
+    def signal_to_noise(self) -> float:
+        return math.sqrt(self.steps) / self.noise_per_example
 
     @property
     def learned(self) -> bool:
@@ -99,6 +105,10 @@ class PlannedTraining:
     def noise_per_example(self) -> float:
         return self.sigma / self.batch
 
+    @property
+    def signal_to_noise(self) -> float:
+        return math.sqrt(self.steps) / self.noise_per_example
+
 
 @dataclass(frozen=True)
 class Assessment:
@@ -113,7 +123,8 @@ class Assessment:
         """The assessment in words, for ``dpsynth privacy`` and ``dpsynth run``."""
         plan = self.plan
         head = {"learns": "expected to learn: a recorded run with as much noise per example and no more steps learned",
-                "fails": "will NOT learn: a recorded run with less noise per example and more steps learned nothing",
+                "fails": "will NOT learn: a recorded run with at least half the steps and more signal against its "
+                         "noise, sqrt(T) / (sigma/B), learned nothing",
                 "untested": "untested: no recorded run brackets this plan"}[self.verdict]
         lines = [f"{plan.stage}: noise per example sigma/B = {plan.sigma:.3g} / {plan.batch:.4g} = "
                  f"{plan.noise_per_example:.3g} over T = {plan.steps:,} steps at {plan.side} px "
@@ -129,7 +140,7 @@ def assess(plan: PlannedTraining, outcomes: tuple[Outcome, ...] | None = None, n
     outcomes = recorded_outcomes() if outcomes is None else outcomes
     alike = [outcome for outcome in outcomes if outcome.start == plan.start]
     failures = [outcome for outcome in alike if outcome.learned_nothing and outcome.side <= plan.side
-                and outcome.noise_per_example <= plan.noise_per_example and outcome.steps >= plan.steps]
+                and outcome.signal_to_noise >= plan.signal_to_noise and outcome.steps >= plan.steps / STEPS_REACH]
     successes = [outcome for outcome in alike if outcome.learned and outcome.side >= plan.side
                  and outcome.noise_per_example >= plan.noise_per_example and outcome.steps <= plan.steps]
     by_distance = sorted(alike, key=lambda outcome: distance(plan, outcome))
