@@ -233,6 +233,7 @@ def _run_processes(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    began = time.perf_counter()  # plan.time_budget counts from here: the imports and the data are in it
     from .api import dataset_from_config, plan_budget_for, resolve_config
     from .evaluation import METRICS
     from .pipeline import resumable, resume, start
@@ -269,7 +270,7 @@ def _run(args: argparse.Namespace) -> None:
             plan_budget_for(config, dataset_from_config(config).info)  # bad input stops here, before any process
             _run_processes(args)
             return
-        run = start(config)
+        run = start(config, began)
     if os.environ.get("RANK", "0") == "0" and run.file(METRICS).exists():  # rank 0 writes the metrics
         print(_format_metrics(json.loads(run.file(METRICS).read_text())))
 

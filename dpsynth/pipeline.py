@@ -36,6 +36,7 @@ from .api import (
     with_noisy_shape,
     with_public_size,
 )
+from .autoplan.plan import budget_held
 from .config import (
     RUN_WRITTEN,
     Config,
@@ -81,10 +82,12 @@ from .utils.device import pick_device
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
 
-def start(config: Config) -> RunDirectory:
+def start(config: Config, began: float | None = None) -> RunDirectory:
     """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
     for ``config`` and execute it (on every process torchrun started; rank 0 draws what the data decides, creates
-    the directory and plans for every rank)."""
+    the directory and plans for every rank). ``began``: the ``time.perf_counter()`` at which the caller's
+    command began, from which a derived plan's ``plan.time_budget`` counts (default: now)."""
+    began = time.perf_counter() if began is None else began
     check_not_run_written([key for key in RUN_WRITTEN if get_value(config, key) is not None], "a new run's config:")
     device = pick_device(RunSettings.of(config).device)
     world = World.from_environment(device)
@@ -112,7 +115,7 @@ def start(config: Config) -> RunDirectory:
             print(format_derived_plan(config), flush=True)
         for line in (line for assessment in regime for line in assessment.lines()):
             print(line, flush=True)
-    return execute(RunDirectory(path), dataset, budget, world)
+    return execute(RunDirectory(path), dataset, budget, world, began)
 
 
 def check_upscaler(config: Config, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
@@ -190,17 +193,20 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
 
 
 def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
-            world: World | None = None) -> RunDirectory:
+            world: World | None = None, began: float | None = None) -> RunDirectory:
     """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
-    privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases."""
+    privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases. ``began``:
+    the ``time.perf_counter()`` at which the command that started the run began, whose derived plan's budget the
+    evaluation is held to (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned."""
     world = world or World()
+    fitting = time.perf_counter()
     with _naming(run):
         try:
             method, context, budget = _fit(run, dataset, budget, world)
         finally:
             world.close()
         if world.is_main:
-            _release(run, method, context, budget)
+            _release(run, method, context, budget, None if began is None else (began, fitting))
     return run
 
 
@@ -292,8 +298,10 @@ def user_seed(config: Config) -> int | None:
     return seed
 
 
-def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan) -> None:
-    """Check the ledger against the target, generate, write the release and its privacy report; evaluate."""
+def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan,
+             clock: tuple[float, float] | None) -> None:
+    """Check the ledger against the target, generate, write the release and its privacy report; evaluate (within
+    the plan's budget by the ``clock``: when the command and the fitting began)."""
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     run_settings = RunSettings.of(config)
@@ -328,7 +336,22 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
                  "with NO differential-privacy guarantee (see privacy.json)")
     print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
     if EvaluationSettings.of(config).enabled:  # against the real images at the release's side
-        evaluate_run(run, dataset=dataset if upscaler is None else None, device=context.device)
+        cuts = _held_evaluation(run, config, dataset.info, context.device, clock)
+        evaluate_run(run, cuts.items(), dataset=dataset if upscaler is None else None, device=context.device)
+
+
+def _held_evaluation(run: RunDirectory, config: Config, info: DatasetInfo, device: torch.device,
+                     clock: tuple[float, float] | None) -> dict[str, Any]:
+    """The evaluation keys cut to hold a derived plan's budget (said and logged), by the ``clock`` of the command
+    that started the run; none for a resumed run, whose budget its stop broke."""
+    if clock is None:
+        return {}
+    now = time.perf_counter()
+    cuts, words = budget_held(config, info, device, now - clock[0], now - clock[1])
+    if cuts:
+        print(words, flush=True)
+        run.log("evaluation held to the budget", cuts=cuts, decision=words)
+    return cuts
 
 
 def upscaling_report(upscaler: SavedUpscaler, info: DatasetInfo) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import time
 
 import numpy as np
 import pytest
@@ -29,12 +31,15 @@ from dpsynth.autoplan.rules import (
     derive,
     dpsgd_steps,
     estimate_seconds,
+    evaluation_seconds,
+    held_evaluation,
     parse_duration,
     size_dpsgd,
 )
 from dpsynth.cli import main
 from dpsynth.errors import ConfigError
 from dpsynth.methods import get_method
+from dpsynth.pipeline import start
 
 # A throughput as a probe records it (the AVX-512 Xeon's, rounded): the rules are tested on its numbers.
 XEON = Throughput("cpu", {"dpsgd": StepCost(0.12, 0.0031)}, 6e-4, 4e-4, {"cnn": {"train": 4.9e-4, "test": 1.9e-4}},
@@ -229,6 +234,39 @@ def test_cpu_steps_are_priced_as_a_run_sustains_them():
     timed = XEON.dpsgd["dpsgd"].seconds(512)
     assert priced.dpsgd["dpsgd"].seconds(512) == pytest.approx(SUSTAINED_SHARE * timed + SUSTAINED_FIXED)
     assert words and sustained(XEON, torch.device("cuda")) == (XEON, [])
+
+
+def test_an_overrun_cuts_the_evaluation_in_the_plans_order_down_to_the_minimum():
+    config = resolve_config("dpdm", preset="auto")
+    inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
+    planned = evaluation_seconds(config, inputs, XEON, False)
+    assert held_evaluation(config, inputs, XEON, False, planned, 1.0) == ({}, pytest.approx(planned))
+    cuts, seconds = held_evaluation(config, inputs, XEON, False, planned, 1.5)  # a host 1.5x slower than probed
+    assert cuts == {"evaluation.classifier_seeds": 1} and seconds <= planned
+    minimum = {"evaluation.classifier_seeds": 1, "evaluation.num_synthetic": 250, "evaluation.num_real": 250,
+               "evaluation.classifier_epochs": 3}
+    cuts, seconds = held_evaluation(config, inputs, XEON, False, 0.0, 1.0)
+    assert cuts == minimum and seconds > 0  # kept, however little is left
+    kept, _ = held_evaluation(config, inputs, XEON, False, 0.0, 1.0, kept=("evaluation.num_real",))
+    assert "evaluation.num_real" not in kept
+    smaller = {**config, "evaluation": {**config["evaluation"], "num_synthetic": 100, "classifier_epochs": 2}}
+    cut, _ = held_evaluation(smaller, inputs, XEON, False, 0.0, 1.0)
+    assert "evaluation.num_synthetic" not in cut and "evaluation.classifier_epochs" not in cut  # never raised
+
+
+def test_a_run_past_its_budget_keeps_the_minimum_evaluation_and_says_so(tmp_path, capsys):
+    tiny = ["dpsgd.batch_size=16", "dpsgd.epochs=0.05", "sampling.num_samples=40", "diffusion.sample_steps=2",
+            "evaluation.num_real=40", "evaluation.classifiers=[cnn]", f"run.out_dir={tmp_path}", "plan.force=true",
+            "plan.time_budget=5m"]
+    config = resolve_config("dpdm", dataset="digits", epsilon=10, overrides=tiny)
+    run = start(config, began=time.perf_counter() - 3600)  # the command began an hour ago: its budget is spent
+    assert "evaluation cut to hold plan.time_budget 5m" in capsys.readouterr().out
+    held = [entry for entry in map(json.loads, run.file("log.jsonl").read_text().splitlines())
+            if entry["event"] == "evaluation held to the budget"]
+    assert held and held[0]["cuts"] == {"evaluation.classifier_seeds": 1, "evaluation.num_synthetic": 250,
+                                        "evaluation.classifier_epochs": 3}  # the user's num_real stays as set
+    accuracy = json.loads(run.file("metrics.json").read_text())["accuracy"]["cnn"]
+    assert accuracy["epochs"] == 3 and len(accuracy["seeds"]) == 1
 
 
 def test_run_requires_epsilon_and_help_shows_defaults(capsys):

@@ -35,6 +35,8 @@ from .rules import (
     derive,
     dpsgd_steps,
     estimate_seconds,
+    evaluation_words,
+    held_evaluation,
     parse_duration,
     unet_levels,
     user_keys_kept,
@@ -207,6 +209,33 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
                            expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
     return planned
+
+
+def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed: float, fitted: float
+                ) -> tuple[dict[str, Any], str]:
+    """The evaluation keys a derived plan's run cuts to hold ``plan.time_budget`` after ``elapsed`` seconds of the
+    command, ``fitted`` of them in training and the release (:func:`~dpsynth.autoplan.rules.held_evaluation`, at
+    the pace of those against the plan's seconds for them), and the decision in words; nothing for a fixed
+    preset, a plan without evaluation, or a run on time. Reads the plan's probe and public sizes only."""
+    plan = PlanSettings.of(config)
+    if plan.probe is None or not plan.expected_seconds or not EvaluationSettings.of(config).enabled:
+        return {}, ""
+    expected = plan.expected_seconds
+    pace = max(1.0, fitted / max(expected["total"] - expected["evaluation"] - expected["startup"], 1.0))
+    left = parse_duration(plan.time_budget) - elapsed
+    privacy = PrivacySettings.of(config)
+    inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
+    soft_labels = get_method(config["method"]).releases_soft_labels
+    cuts, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe), soft_labels, left, pace,
+                                    plan.user_keys)
+    if not cuts:
+        return {}, ""
+    words = (f"evaluation cut to hold plan.time_budget {plan.time_budget}: training and the release took "
+             f"{fitted / 60:.1f} min, {pace:.2f}x their plan, and {max(left, 0.0) / 60:.1f} min are left; "
+             f"{evaluation_words(cuts)} ({seconds / 60:.1f} min at that pace)")
+    if seconds > left:
+        words += "; the minimum evaluation is kept, past the budget"
+    return cuts, words
 
 
 def group_price(privacy: PrivacySettings, images: float) -> str:

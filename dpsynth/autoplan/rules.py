@@ -395,18 +395,44 @@ def _release_options(config: Config, kept: Sequence[str]) -> list[tuple[dict[str
     cuts: dict[str, Any] = {}
     for cut in EVALUATION_CUTS:
         cuts.update({key: value for key, value in cut.items() if key not in kept})
-        options.append(({"sampling": {"num_samples": sizes[-1]}, "evaluation": _section_of(cuts)}, _words(cuts)))
+        options.append(({"sampling": {"num_samples": sizes[-1]}, "evaluation": _section_of(cuts)},
+                        evaluation_words(cuts)))
     if "sampling.num_samples" not in kept:
-        options += [({"sampling": {"num_samples": size}, "evaluation": _section_of(cuts)}, _words(cuts))
-                    for size in SMALL_RELEASES]
+        options += [({"sampling": {"num_samples": size}, "evaluation": _section_of(cuts)},
+                     evaluation_words(cuts)) for size in SMALL_RELEASES]
     return options
+
+
+def held_evaluation(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool, left: float,
+                    pace: float, kept: Sequence[str] = ()) -> tuple[dict[str, Any], float]:
+    """The evaluation keys to cut at run time, and the evaluation's seconds then, for a run with ``left`` seconds of
+    its budget whose training and release took ``pace`` times their plan: the planned evaluation's seconds at that
+    pace, cut in :data:`EVALUATION_CUTS`' order (a cut only lowers a value; the ``kept`` keys stay) until they fit,
+    down to the minimum evaluation, which is kept however little is left; no cut where the planned one fits."""
+    planned = EvaluationSettings.of(config)
+
+    def seconds(cuts: dict[str, Any]) -> float:
+        trial = copy.deepcopy(config)
+        merge(trial, {"evaluation": _section_of(cuts)}, "the evaluation held to the budget")
+        return pace * evaluation_seconds(trial, inputs, throughput, soft_labels)
+
+    cuts: dict[str, Any] = {}
+    expected = seconds(cuts)
+    for cut in EVALUATION_CUTS:
+        if expected <= left:
+            break
+        cuts.update({key: value for key, value in cut.items()
+                     if key not in kept and value < getattr(planned, key.split(".", 1)[1])})
+        expected = seconds(cuts)
+    return cuts, expected
 
 
 def _section_of(keys: dict[str, Any]) -> dict[str, Any]:
     return {key.split(".", 1)[1]: value for key, value in keys.items()}
 
 
-def _words(keys: dict[str, Any]) -> str:
+def evaluation_words(keys: dict[str, Any]) -> str:
+    """Evaluation keys and their values as a plan writes them: ``evaluation.classifier_seeds=1, ...``."""
     return ", ".join(f"{key}={value}" for key, value in keys.items())
 
 
