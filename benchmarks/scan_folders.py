@@ -9,9 +9,11 @@
   photograph, kept by class (``temple/000017.jpg``), no groups.
 - ``scans-128``: as ``scans-64`` at 128 x 128, ``--large-patients`` patients of ``--large-scans`` scans each
   (a hospital's 2,000 people x 5 scans by default). Read it with ``dataset.resolution=128``.
+- ``scans-pP-64`` for each P of ``--more-patients``: as ``scans-64`` with P patients (a fifth of them held out
+  for validation and test), for recipes at other sizes.
 
 Usage: python benchmarks/scan_folders.py --out /tmp/dpsynth-folders [--patients 1000] [--scans 4] [--photos 3000]
-       [--large-patients 2000] [--large-scans 5]
+       [--large-patients 2000] [--large-scans 5] [--more-patients 375 3750]
 """
 from __future__ import annotations
 
@@ -70,10 +72,13 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=3000)
     parser.add_argument("--large-patients", type=int, default=2000)
     parser.add_argument("--large-scans", type=int, default=5)
+    parser.add_argument("--more-patients", type=int, nargs="*", default=[])
     args = parser.parse_args()
-    for name, write, sizes in (("scans-64", write_scans, (args.patients, args.scans)),
-                               ("photos-128", write_photos, (args.photos,)),
-                               ("scans-128", write_scans, (args.large_patients, args.large_scans, 128))):
+    folders = [("scans-64", write_scans, (args.patients, args.scans)),
+               ("photos-128", write_photos, (args.photos,)),
+               ("scans-128", write_scans, (args.large_patients, args.large_scans, 128)),
+               *((f"scans-p{patients}-64", write_scans, (patients, args.scans)) for patients in args.more_patients)]
+    for name, write, sizes in folders:
         folder, done = args.out / name, args.out / f"{name}.complete"
         if done.exists():
             print(f"{folder}: built already")

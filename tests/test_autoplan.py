@@ -16,12 +16,14 @@ from dpsynth.autoplan.memory import USABLE, probe_memory
 from dpsynth.autoplan.plan import (
     SUSTAINED_FIXED,
     SUSTAINED_SHARE,
+    budget_held,
     check_preset_fits,
     chunked,
     deepened,
     method_shape,
     plan_inputs,
     sustained,
+    uncut_evaluation,
 )
 from dpsynth.autoplan.probe import StepCost, Throughput
 from dpsynth.autoplan.rules import (
@@ -37,6 +39,7 @@ from dpsynth.autoplan.rules import (
     size_dpsgd,
 )
 from dpsynth.cli import main
+from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
 from dpsynth.methods import get_method
 from dpsynth.pipeline import start
@@ -241,6 +244,8 @@ def test_an_overrun_cuts_the_evaluation_in_the_plans_order_down_to_the_minimum()
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     planned = evaluation_seconds(config, inputs, XEON, False)
     assert held_evaluation(config, inputs, XEON, False, planned, 1.0) == ({}, pytest.approx(planned))
+    near_miss = held_evaluation(config, inputs, XEON, False, 0.97 * planned, 1.0, slack=0.05 * planned)
+    assert near_miss == ({}, pytest.approx(planned))  # not worth a cut
     cuts, seconds = held_evaluation(config, inputs, XEON, False, planned, 1.5)  # a host 1.5x slower than probed
     assert cuts == {"evaluation.classifier_seeds": 1} and seconds <= planned
     minimum = {"evaluation.classifier_seeds": 1, "evaluation.num_synthetic": 250, "evaluation.num_real": 250,
@@ -252,6 +257,35 @@ def test_an_overrun_cuts_the_evaluation_in_the_plans_order_down_to_the_minimum()
     smaller = {**config, "evaluation": {**config["evaluation"], "num_synthetic": 100, "classifier_epochs": 2}}
     cut, _ = held_evaluation(smaller, inputs, XEON, False, 0.0, 1.0)
     assert "evaluation.num_synthetic" not in cut and "evaluation.classifier_epochs" not in cut  # never raised
+
+
+def test_a_run_ahead_of_its_plan_restores_the_evaluation_the_plan_cut_where_it_fits():
+    config = resolve_config("dpdm", preset="auto")
+    inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
+    uncut = uncut_evaluation(get_method("dpdm"), "cpu")
+    assert uncut["evaluation.classifier_seeds"] == 3
+    cut = {**config, "evaluation": {**config["evaluation"], "classifier_seeds": 1, "num_synthetic": 1000,
+                                    "num_real": 1000}}
+    full = evaluation_seconds(config, inputs, XEON, False)
+    restored, seconds = held_evaluation(cut, inputs, XEON, False, full, 1.0, uncut=uncut)
+    assert restored == {"evaluation.classifier_seeds": 3, "evaluation.num_synthetic": 2000,
+                        "evaluation.num_real": 2000} and seconds == pytest.approx(full)
+    one_seed = evaluation_seconds({**config, "evaluation": {**config["evaluation"], "classifier_seeds": 1}}, inputs,
+                                  XEON, False)
+    partly, _ = held_evaluation(cut, inputs, XEON, False, one_seed, 1.0, uncut=uncut)
+    assert partly == {"evaluation.num_synthetic": 2000, "evaluation.num_real": 2000}  # the last cut undone first
+    kept, _ = held_evaluation(cut, inputs, XEON, False, full, 1.0, kept=("evaluation.classifier_seeds",), uncut=uncut)
+    assert "evaluation.classifier_seeds" not in kept
+    planned = evaluation_seconds(cut, inputs, XEON, False)
+    assert held_evaluation(cut, inputs, XEON, False, planned, 1.0, uncut=uncut) == ({}, pytest.approx(planned))
+    info = DatasetInfo("fashion", 1, 28, 28, [str(c) for c in range(10)], "test",
+                       {"train": 55_000, "val": 5000, "test": 10_000}, 55_000, "published")
+    cut["plan"] = {**cut["plan"], "time_budget": "30m", "base": "cpu", "probe": XEON.to_dict(),
+                   "expected_seconds": {"startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned,
+                                        "total": 1220.0 + planned}}
+    changes, words = budget_held(cut, info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # twice as fast
+    assert changes["evaluation.classifier_seeds"] == 3 and words.startswith(
+        "evaluation restored within plan.time_budget 30m: training and the release took 9.7 min, 0.48x their plan")
 
 
 def test_a_run_past_its_budget_keeps_the_minimum_evaluation_and_says_so(tmp_path, capsys):

@@ -28,6 +28,7 @@ from .memory import probe_memory
 from .probe import StepCost, Throughput, classifier_cost, dpsgd_cost, inception_cost, step_seconds
 from .rules import (
     AUTO_PRESET,
+    EVALUATION_CUTS,
     MIN_STEPS,
     MIN_STEPS_FROM,
     MethodShape,
@@ -211,31 +212,50 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     return planned
 
 
+HOLD_SLACK = 0.05  # of the budget: a planned evaluation that overruns it by no more is kept (not cut) at run time
+
+
 def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed: float, fitted: float
                 ) -> tuple[dict[str, Any], str]:
-    """The evaluation keys a derived plan's run cuts to hold ``plan.time_budget`` after ``elapsed`` seconds of the
-    command, ``fitted`` of them in training and the release (:func:`~dpsynth.autoplan.rules.held_evaluation`, at
-    the pace of those against the plan's seconds for them), and the decision in words; nothing for a fixed
-    preset, a plan without evaluation, or a run on time. Reads the plan's probe and public sizes only."""
+    """The evaluation keys a derived plan's run changes to hold ``plan.time_budget`` after ``elapsed`` seconds of
+    the command, ``fitted`` of them in training and the release (:func:`~dpsynth.autoplan.rules.held_evaluation`:
+    at the pace of those against the plan's seconds for them, at least 1): cut where the planned evaluation does not
+    fit what is left (and :data:`HOLD_SLACK` of the budget more), restored towards the base preset's where the plan
+    cut it and more fits; and the decision in words. Nothing for a fixed preset, a plan without evaluation, or a
+    run whose planned evaluation is the one that fits. Reads the plan's probe and public sizes only."""
     plan = PlanSettings.of(config)
     if plan.probe is None or not plan.expected_seconds or not EvaluationSettings.of(config).enabled:
         return {}, ""
     expected = plan.expected_seconds
-    pace = max(1.0, fitted / max(expected["total"] - expected["evaluation"] - expected["startup"], 1.0))
-    left = parse_duration(plan.time_budget) - elapsed
+    ratio = fitted / max(expected["total"] - expected["evaluation"] - expected["startup"], 1.0)
+    budget = parse_duration(plan.time_budget)
+    left, slack = budget - elapsed, HOLD_SLACK * budget
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
-    soft_labels = get_method(config["method"]).releases_soft_labels
-    cuts, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe), soft_labels, left, pace,
-                                    plan.user_keys)
-    if not cuts:
+    method = get_method(config["method"])
+    changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe), method.releases_soft_labels,
+                                       left, max(ratio, 1.0), plan.user_keys, uncut_evaluation(method, plan.base),
+                                       slack)
+    if not changes:
         return {}, ""
-    words = (f"evaluation cut to hold plan.time_budget {plan.time_budget}: training and the release took "
-             f"{fitted / 60:.1f} min, {pace:.2f}x their plan, and {max(left, 0.0) / 60:.1f} min are left; "
-             f"{evaluation_words(cuts)} ({seconds / 60:.1f} min at that pace)")
-    if seconds > left:
+    planned = EvaluationSettings.of(config)
+    restored = any(value > getattr(planned, key.split(".", 1)[1]) for key, value in changes.items())
+    words = (f"evaluation {'restored within' if restored else 'cut to hold'} plan.time_budget {plan.time_budget}: "
+             f"training and the release took {fitted / 60:.1f} min, {ratio:.2f}x their plan, and "
+             f"{max(left, 0.0) / 60:.1f} min are left; {evaluation_words(changes)} ({seconds / 60:.1f} min"
+             f"{' at that pace' if ratio > 1 else ''})")
+    if seconds > left + slack:
         words += "; the minimum evaluation is kept, past the budget"
-    return cuts, words
+    return changes, words
+
+
+def uncut_evaluation(method: type[Method], base: str | None) -> dict[str, Any]:
+    """The ``base`` preset's values of the evaluation keys a plan cuts (:data:`EVALUATION_CUTS`); none without a
+    base."""
+    if base is None:
+        return {}
+    settings = EvaluationSettings.from_config(method.presets[base].get("evaluation", {}))
+    return {key: getattr(settings, key.split(".", 1)[1]) for cut in EVALUATION_CUTS for key in cut}
 
 
 def group_price(privacy: PrivacySettings, images: float) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -404,27 +404,36 @@ def _release_options(config: Config, kept: Sequence[str]) -> list[tuple[dict[str
 
 
 def held_evaluation(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool, left: float,
-                    pace: float, kept: Sequence[str] = ()) -> tuple[dict[str, Any], float]:
-    """The evaluation keys to cut at run time, and the evaluation's seconds then, for a run with ``left`` seconds of
-    its budget whose training and release took ``pace`` times their plan: the planned evaluation's seconds at that
-    pace, cut in :data:`EVALUATION_CUTS`' order (a cut only lowers a value; the ``kept`` keys stay) until they fit,
-    down to the minimum evaluation, which is kept however little is left; no cut where the planned one fits."""
+                    pace: float, kept: Sequence[str] = (), uncut: Mapping[str, Any] | None = None,
+                    slack: float = 0.0) -> tuple[dict[str, Any], float]:
+    """The evaluation keys to change at run time, and the evaluation's seconds then, for a run with ``left`` seconds
+    of its budget whose training and release took ``pace`` times their plan. The evaluations tried, in turn: the
+    ``uncut`` one (the base preset's values of the keys :data:`EVALUATION_CUTS` cuts, where higher than planned),
+    then each cut of :data:`EVALUATION_CUTS` on top of the ones before (a cut only lowers a value; the ``kept`` keys
+    stay); the first whose seconds at that pace fit is taken (``slack`` seconds past ``left`` for one no larger
+    than planned: a near miss is not worth a cut), else the minimum evaluation, kept however little is left.
+    Without ``uncut`` a planned evaluation that fits is kept as planned."""
     planned = EvaluationSettings.of(config)
 
-    def seconds(cuts: dict[str, Any]) -> float:
+    def value(key: str) -> Any:
+        return getattr(planned, key.split(".", 1)[1])
+
+    def seconds(changes: dict[str, Any]) -> float:
         trial = copy.deepcopy(config)
-        merge(trial, {"evaluation": _section_of(cuts)}, "the evaluation held to the budget")
+        merge(trial, {"evaluation": _section_of(changes)}, "the evaluation held to the budget")
         return pace * evaluation_seconds(trial, inputs, throughput, soft_labels)
 
-    cuts: dict[str, Any] = {}
-    expected = seconds(cuts)
+    values = {key: full for key, full in (uncut or {}).items() if key not in kept and full > value(key)}
+    tried = [dict(values)]
     for cut in EVALUATION_CUTS:
-        if expected <= left:
+        values.update({key: lowered for key, lowered in cut.items()
+                       if key not in kept and lowered < values.get(key, value(key))})
+        tried.append(dict(values))
+    for changes in ({key: v for key, v in trial.items() if v != value(key)} for trial in tried):
+        expected = seconds(changes)
+        if expected <= left + (0.0 if any(v > value(key) for key, v in changes.items()) else slack):
             break
-        cuts.update({key: value for key, value in cut.items()
-                     if key not in kept and value < getattr(planned, key.split(".", 1)[1])})
-        expected = seconds(cuts)
-    return cuts, expected
+    return changes, expected
 
 
 def _section_of(keys: dict[str, Any]) -> dict[str, Any]:
