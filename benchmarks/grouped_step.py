@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dpsynth.autoplan.probe import _engine, _step
+from dpsynth.autoplan.probe import probe_engine, probe_step
 from dpsynth.bench.results import machine_type
 from dpsynth.methods import get_method
 from dpsynth.privacy.dpsgd import Groups
@@ -38,14 +38,14 @@ def main() -> None:
     device = torch.device("cpu")
     probe, _ = get_method(config["method"])(config).throughput_probes(shape, 10, device).dpsgd["dpsgd"]
     images = args.groups * args.images
-    ungrouped = _engine(probe, device, images)
-    grouped = _engine(probe, device, args.groups)
+    ungrouped = probe_engine(probe, device, images)
+    grouped = probe_engine(probe, device, args.groups)
     grouped.groups = Groups.of(torch.arange(images) // args.images, args.images)
     times: dict[str, list[float]] = {"ungrouped": [], "grouped": []}
     for round_ in range(args.rounds + 1):
         for name, engine, size in (("ungrouped", ungrouped, args.batch * args.images),
                                    ("grouped", grouped, args.batch)):
-            drawn, seconds = _step(engine, probe, size, device)
+            drawn, seconds = probe_step(engine, probe, size, device)
             if round_:  # the first round warms up
                 times[name].append(seconds * size / max(drawn, 1.0))
     medians = {name: statistics.median(values) for name, values in times.items()}

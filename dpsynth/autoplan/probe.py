@@ -40,12 +40,12 @@ def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_p
     which the engine chooses its per-example gradients), their sizes as Poisson sampling drew them. The two-chunk
     step carries the cost of a chunk; a larger batch's time is extrapolated."""
     physical = probe.physical_batch_size
-    engine = _engine(probe, device, num_records)
-    _step(engine, probe, physical, device)
+    engine = probe_engine(probe, device, num_records)
+    probe_step(engine, probe, physical, device)
     measured = []
     for chunks in (1 / 8, 1, 2):
         examples = min(max(1, round(chunks * physical)), num_records)
-        measured.append(min((_step(engine, probe, examples, device) for _ in range(2)),
+        measured.append(min((probe_step(engine, probe, examples, device) for _ in range(2)),
                             key=lambda step: step[1] / max(step[0], 1.0)))
     rows = np.array([examples * rows_per_example for examples, _ in measured])
     seconds = np.array([seconds for _, seconds in measured])
@@ -57,13 +57,13 @@ def dpsgd_cost(probe: DpsgdProbe, device: torch.device, num_records: int, rows_p
 def step_seconds(probe: DpsgdProbe, device: torch.device, num_records: int, examples: int) -> float:
     """Seconds of one DP-SGD step that reads ``examples`` examples (of ``num_records``), after a warm-up step, scaled
     from the examples Poisson sampling drew to ``examples``."""
-    engine = _engine(probe, device, num_records)
-    _step(engine, probe, examples, device)
-    drawn, seconds = _step(engine, probe, examples, device)
+    engine = probe_engine(probe, device, num_records)
+    probe_step(engine, probe, examples, device)
+    drawn, seconds = probe_step(engine, probe, examples, device)
     return seconds * examples / max(drawn, 1.0)
 
 
-def _engine(probe: DpsgdProbe, device: torch.device, num_records: int) -> DPSGD:
+def probe_engine(probe: DpsgdProbe, device: torch.device, num_records: int) -> DPSGD:
     """A DP-SGD engine over ``probe``'s model on ``device``, its noise from a fresh secret stream of its own."""
     model = probe.model.to(device)
     physical = probe.physical_batch_size
@@ -73,7 +73,7 @@ def _engine(probe: DpsgdProbe, device: torch.device, num_records: int) -> DPSGD:
                  generator=torch.Generator().manual_seed(0), batch_loss=probe.batch_loss)
 
 
-def _step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device) -> tuple[float, float]:
+def probe_step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device) -> tuple[float, float]:
     """The examples Poisson sampling drew for one probe step of expected size ``examples``, and its seconds."""
     engine.settings = replace(engine.settings, sample_rate=min(examples / engine.num_records, 1.0))
     stats: dict[str, torch.Tensor] = {}
