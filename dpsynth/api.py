@@ -469,9 +469,6 @@ def format_derived_plan(config: Config) -> str:
     lines.append("  expected wall time: " + ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds
                                                      in expected.items() if phase != "total")
                  + f"; total {expected['total'] / 60:.1f} min")
-    unestimated = get_method(config["method"]).unestimated_phases
-    if unestimated:
-        lines.append(f"  not timed by the probe (add them): {', '.join(unestimated)}")
     return "\n".join(lines)
 
 

@@ -24,8 +24,9 @@ from ..evaluation import EvaluationSettings
 from ..hardware import resolve_bf16, resolve_compile
 from ..methods import get_method
 from ..methods.base import Method
+from ..training.probes import classifier_cost
 from .memory import probe_memory
-from .probe import StepCost, Throughput, classifier_cost, dpsgd_cost, inception_cost, step_seconds
+from .probe import StepCost, Throughput, dpsgd_cost, inception_cost, step_seconds
 from .rules import (
     AUTO_PRESET,
     EVALUATION_CUTS,
@@ -69,7 +70,7 @@ def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float
 
 def method_shape(method: type[Method]) -> MethodShape:
     return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels,
-                       method.unestimated_phases, method.phase_units, method.sized_phase)
+                       method.phase_units, method.sized_phase, method.release_units)
 
 
 CHUNK_SIDE = 32  # the side at which the base preset's chunk sizes hold on a CPU (:func:`chunked`)

@@ -13,13 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from ..models import build_classifier
 from ..privacy import PrivacyLedger
 from ..privacy.dpsgd import DPSGD, DpsgdSettings
 from ..privacy.randomness import SecretStream
-from ..training.probes import DpsgdProbe, forward_cost, timed
+from ..training.probes import DpsgdProbe, timed
 
 
 @dataclass(frozen=True)
@@ -74,33 +72,18 @@ def probe_engine(probe: DpsgdProbe, device: torch.device, num_records: int) -> D
 
 
 def probe_step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.device) -> tuple[float, float]:
-    """The examples Poisson sampling drew for one probe step of expected size ``examples``, and its seconds."""
+    """The examples Poisson sampling drew for one probe step of expected size ``examples``, and its seconds (with the
+    section's ``after_step``)."""
     engine.settings = replace(engine.settings, sample_rate=min(examples / engine.num_records, 1.0))
     stats: dict[str, torch.Tensor] = {}
-    seconds = timed(lambda: stats.update(engine.step(probe.make_batch)), device)
-    return float(stats["batch"]), seconds
-
-
-@cache
-def classifier_cost(name: str, shape: tuple[int, int, int], num_classes: int, batch_size: int,
-                    device: torch.device) -> dict[str, float]:
-    """Seconds per image of training (Adam, one batch) and of testing downstream classifier ``name`` (measured
-    once per process: it does not depend on the method)."""
-    model = build_classifier(name, shape[0], num_classes).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(0)
-    images = (torch.rand(batch_size, *shape, generator=generator) * 2 - 1).to(device)
-    labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
 
     def step() -> None:
-        loss = nn.functional.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        stats.update(engine.step(probe.make_batch))
+        if probe.after_step is not None:
+            probe.after_step()
 
-    step()
-    train = timed(step, device) / batch_size
-    return {"train": train, "test": forward_cost(model, [images], device, False)}
+    seconds = timed(step, device)
+    return float(stats["batch"]), seconds
 
 
 @cache
@@ -118,8 +101,9 @@ def inception_cost(device: torch.device, fast: bool, batch_size: int) -> float:
 
 @dataclass(frozen=True)
 class Throughput:
-    """What the probe measured on ``device``: each DP-SGD section's step cost, seconds per image-step of sampling
-    and per row of public training, each downstream classifier's seconds per image, Inception's seconds per image,
+    """What the probe measured on ``device``: each DP-SGD section's step cost, seconds per unit of the release's work
+    (``sample_per_image_step``: an image-step of a diffusion sampler, a method's own unit for others) and per row
+    of public training, each downstream classifier's seconds per image, Inception's seconds per image,
     the probe's own seconds and the seconds per unit of each other phase the method times (``Probes.phases``)."""
 
     device: str

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config, SamplingSettings, merge
+from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
 from ..training.private import dpsgd_schedule
@@ -168,12 +169,9 @@ def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: 
     return dpsgd_steps(config, section, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
 
 
-def sampling_seconds(config: Config, throughput: Throughput, compiled: bool) -> float:
-    """Seconds to sample the release: images x steps (x 2 under guidance) at the probed rate."""
-    diffusion = config.get("diffusion", {})
-    rows = SamplingSettings.of(config).num_samples * diffusion.get("sample_steps", 0) * (
-        2 if diffusion.get("guidance") else 1)
-    seconds = rows * throughput.sample_per_image_step
+def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool) -> float:
+    """Seconds to make the release: its units of work (``method.release_units``) at the probed rate."""
+    seconds = method.release_units(config) * throughput.sample_per_image_step
     return COMPILED_SHARE * seconds + COMPILE_SECONDS if compiled and seconds else seconds
 
 
@@ -209,15 +207,16 @@ def _no_phases(config: Config, num_images: float) -> dict[str, float]:
 @dataclass(frozen=True)
 class MethodShape:
     """What the plan needs of a method: its DP-SGD sections, its public training sections, whether it releases
-    soft labels, the phases the probe does not time, the units of work of the phases it times by the unit
-    (``phase_units(config, num_images)``) and the one of those whose iterations the plan sizes (phase, key)."""
+    soft labels, the units of work of the phases the probe times by the unit (``phase_units(config,
+    num_images)``), the one of those whose iterations the plan sizes (phase, key) and the units of its release's
+    work (``release_units(config)``, priced at the probe's sampling rate)."""
 
     dpsgd_sections: tuple[str, ...]
     public_sections: tuple[str, ...]
     soft_labels: bool
-    unestimated: tuple[str, ...]
     phase_units: Callable[[Config, float], dict[str, float]] = _no_phases
     sized_phase: tuple[str, str] | None = None
+    release_units: Callable[[Config], float] = sampling_units
 
 
 def phase_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput
@@ -250,6 +249,8 @@ def floor_words(method: MethodShape) -> str:
         return f"{MIN_STEPS} DP-SGD steps"
     if method.sized_phase is not None:
         return f"the {method.sized_phase[0]} at {MIN_SIZED_SHARE:.0%} of its iterations"
+    if method.phase_units is not _no_phases:
+        return "start-up and its phases as configured"
     return "start-up"
 
 
@@ -262,7 +263,7 @@ def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, th
     phases.update(phase_seconds(config, method, inputs, throughput))
     for section in method.dpsgd_sections:
         phases[f"dp-sgd ({section})"] = dpsgd_seconds(config, section, inputs, throughput)
-    phases["sampling"] = sampling_seconds(config, throughput, compiled)
+    phases["sampling"] = sampling_seconds(config, method, throughput, compiled)
     phases["evaluation"] = evaluation_seconds(config, inputs, throughput, method.soft_labels)
     phases["total"] = sum(phases.values())
     return phases
@@ -357,15 +358,15 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
         overrides, cut = option
         trial = copy.deepcopy(config)
         merge(trial, overrides, "the derived plan")
-        after = sampling_seconds(trial, throughput, compiles(trial)) + evaluation_seconds(trial, inputs, throughput,
-                                                                                  method.soft_labels)
+        after = (sampling_seconds(trial, method, throughput, compiles(trial))
+                 + evaluation_seconds(trial, inputs, throughput, method.soft_labels))
         if after <= room:
             break
     keeping = math.ceil((floor + after) / 60)  # the budget that holds the floor and the minimum evaluation
     if after > budget - floor and "evaluation.enabled" not in kept:  # the last resort: no evaluation, said loudly
         overrides = {"sampling": overrides["sampling"], "evaluation": {"enabled": False}}
         merge(trial, overrides, "the derived plan")
-        minimum, after = after, sampling_seconds(trial, throughput, compiles(trial))
+        minimum, after = after, sampling_seconds(trial, method, throughput, compiles(trial))
         cut = (f"NO evaluation (evaluation.enabled=false): the minimum evaluation would take "
                f"{(minimum - after) / 60:.1f} min more than the budget leaves beside the training floor; "
                f"--time-budget {keeping}m keeps it, `dpsynth evaluate RUN_DIR` evaluates the release later")

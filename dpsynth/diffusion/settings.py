@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import at_least, one_of, positive, section_settings
+from ..config import Config, SamplingSettings, at_least, one_of, positive, section_settings
 from ..errors import ConfigError
 
 PREDICTIONS = ("epsilon", "v")
@@ -105,3 +105,10 @@ class PretrainSettings:
                    attention=model.attention, norm_groups=model.norm_groups, conditional=True,
                    label_dropout=diffusion.label_dropout, timesteps=diffusion.timesteps,
                    beta_schedule=diffusion.beta_schedule, prediction=diffusion.prediction)
+
+
+def sampling_units(config: Config) -> float:
+    """A diffusion model's release work: images x sampling steps (x 2 under guidance); none without ``diffusion``."""
+    diffusion = config.get("diffusion", {})
+    return SamplingSettings.of(config).num_samples * diffusion.get("sample_steps", 0) * (
+        2 if diffusion.get("guidance") else 1)

@@ -11,6 +11,7 @@ import torch
 
 from ..config import Config, SamplingSettings, section_defaults
 from ..data import DatasetInfo
+from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..generators import Generator
 from ..privacy import PlannedStage
@@ -83,7 +84,6 @@ class Method(ABC):
     needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
-    unestimated_phases: ClassVar[tuple[str, ...]] = ()  # phases the planner's probe does not time
     # The phase of Probes.phases whose iterations a derived plan sizes to the budget, and the key it sets.
     sized_phase: ClassVar[tuple[str, str] | None] = None
     probed_sections: ClassVar[tuple[str, ...]] = ()  # other sections its throughput probes read (their phases)
@@ -136,6 +136,12 @@ class Method(ABC):
         """Units of work (images, iterations) of each phase in its probes' ``phases`` that a run of ``config`` on
         ``num_images`` private images does, for the planner's price (none by default)."""
         return {}
+
+    @classmethod
+    def release_units(cls, config: Config) -> float:
+        """Units of the release's work that its probes' ``sampling`` call prices (default: a diffusion model's
+        images x sampling steps, none without one)."""
+        return sampling_units(config)
 
     def class_balance(self) -> str:
         """How the release's labels are spread over the classes, in words for the datasheet."""

@@ -19,7 +19,8 @@ histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from typing import ClassVar
 
 import numpy as np
@@ -38,6 +39,7 @@ from ..privacy.semantic_histogram import semantic_histogram
 from ..training.context import RunContext
 from ..training.diffusion import SMOKE_UNET
 from ..training.private import DiffusionDpsgdSection
+from ..training.probes import Probes, classifier_cost
 from ..training.warmup import Warmup, WarmupSettings
 from ..utils.device import to_device
 from ..utils.images import as_floats
@@ -45,6 +47,8 @@ from .base import DiffusionMethod, Paper, register
 from .dpdm import DPDM, DPSGD_STAGE
 
 SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
+CLASSIFIER_PHASE = "public classifier"  # one: its training and its accuracy on the public set
+QUERY_PHASE = "semantic query"  # per private image
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +95,7 @@ class PrivImage(DiffusionMethod):
              "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
     dpsgd_sections = DPDM.dpsgd_sections
     public_sections = ("public_pretrain",)
-    unestimated_phases = ("the semantic query classifier",)
+    probed_sections = ("selection",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
     paper = Paper("Kecen Li, Chen Gong, Zhixiang Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
                   "PrivImage: Differentially Private Synthetic Image Generation using Diffusion Models with "
@@ -127,6 +131,28 @@ class PrivImage(DiffusionMethod):
         public = self._public(info)[0]
         return {**self.trainer.public_data(),
                 f"selection.public {self.selection_settings.public!r}": fingerprints(public.images)}
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """DPDM's, and the public classifier: its training on the public set (loaded, for its size and classes)
+        and a query per private image."""
+        settings = self.selection_settings
+
+        @cache
+        def public() -> tuple[int, dict[str, float]]:  # the public set's size, the classifier's seconds per image
+            images, names = self._public(DatasetInfo("probe", *shape, [str(c) for c in range(num_classes)], "probe"))
+            return len(images), classifier_cost(settings.classifier, shape, len(names),
+                                                 settings.classifier_batch_size, device)
+
+        def training() -> float:
+            size, seconds = public()
+            return size * (settings.classifier_epochs * seconds["train"] + seconds["test"])
+
+        phases = {CLASSIFIER_PHASE: training, QUERY_PHASE: lambda: public()[1]["test"]}
+        return replace(super().throughput_probes(shape, num_classes, device), phases=phases)
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        return {CLASSIFIER_PHASE: 1, QUERY_PHASE: num_images}
 
     def _public(self, info: DatasetInfo) -> tuple[ImageSet, list[str]]:
         settings = self.selection_settings

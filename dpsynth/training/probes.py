@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..models import build_classifier
 from ..privacy.dpsgd import ExampleLoss
 from ..privacy.per_example import BatchLoss
 from ..utils.device import bf16_autocast
@@ -17,8 +19,9 @@ from ..utils.device import bf16_autocast
 
 @dataclass(frozen=True)
 class DpsgdProbe:
-    """What one DP-SGD section trains: its model, per-example loss (and batched loss), and ``make_batch(indices)``
-    giving random public tensors shaped as the section's examples."""
+    """What one DP-SGD section trains: its model, per-example loss (and batched loss), ``make_batch(indices)``
+    giving random public tensors shaped as the section's examples, and what the section runs after each step
+    (``after_step``: DP-SGD's ``after_step`` hook, timed with the step)."""
 
     model: nn.Module
     loss: ExampleLoss
@@ -26,14 +29,16 @@ class DpsgdProbe:
     physical_batch_size: int
     bf16: bool
     batch_loss: BatchLoss | None = None
+    after_step: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
 class Probes:
     """What a method lets the probe time: each DP-SGD section (its probe and rows per example), calls that return
-    the seconds per image-step of sampling and per row of training on public data (None: it has none), and per
-    other phase a call that returns the seconds of one unit of its work (an image, an iteration), which
-    :meth:`~dpsynth.methods.base.Method.phase_units` counts."""
+    the seconds per unit of the release's work (a diffusion model's image-step of sampling; what
+    :meth:`~dpsynth.methods.base.Method.release_units` counts) and per row of training on public data (None: it has
+    none), and per other phase a call that returns the seconds of one unit of its work (an image, an iteration),
+    which :meth:`~dpsynth.methods.base.Method.phase_units` counts."""
 
     dpsgd: dict[str, tuple[DpsgdProbe, int]]
     sampling: Callable[[], float] | None = None
@@ -60,3 +65,25 @@ def forward_cost(model: nn.Module, inputs: Sequence[torch.Tensor], device: torch
     with torch.no_grad(), bf16_autocast(device, bf16):
         model(*moved, **kwargs)
         return timed(lambda: model(*moved, **kwargs), device) / len(moved[0])
+
+
+@cache
+def classifier_cost(name: str, shape: tuple[int, int, int], num_classes: int, batch_size: int,
+                    device: torch.device) -> dict[str, float]:
+    """Seconds per image of training (Adam, one batch) and of testing downstream classifier ``name`` (measured
+    once per process: it does not depend on the method)."""
+    model = build_classifier(name, shape[0], num_classes).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(batch_size, *shape, generator=generator) * 2 - 1).to(device)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()
+    train = timed(step, device) / batch_size
+    return {"train": train, "test": forward_cost(model, [images], device, False)}

@@ -27,18 +27,26 @@ from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
 from ...models import group_norm_resnet
 from ...privacy import GaussianMechanism, PlannedStage, SubsampledGaussianMechanism
-from ...privacy.batch_statistics import BatchStatistics, MomentScaling, private_statistics, public_scaling
+from ...privacy.batch_statistics import (
+    BatchStatistics,
+    MomentScaling,
+    batch_statistics,
+    clipped_moment_sum,
+    private_statistics,
+    public_scaling,
+)
 from ...privacy.dpsgd import DpsgdSettings
 from ...training.context import RunContext, weights
 from ...training.private import PrivateTraining, dpsgd_schedule
-from ...training.probes import DpsgdProbe, Probes
+from ...training.probes import DpsgdProbe, Probes, timed
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import as_floats, to_uint8
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
-from .alignment import AlignmentSettings, align_images, uniform_targets
+from .alignment import AlignmentSettings, align_batch, align_images, uniform_targets
 
 ALIGNMENT_GRID = "alignment.png"
 TEACHER_STAGE, STATISTICS_STAGE = "teacher", "statistics"
+PROBE_IMAGES = 32  # random images a phase's probe times
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +91,7 @@ class DPImgSyn(Method):
     resume_settings = ("statistics.batch_size",)
     shortcuts = {"--public": ("alignment.public", "DP-ImgSyn: the public dataset whose images are aligned", None)}
     dpsgd_sections = ("teacher",)
-    unestimated_phases = ("the DP statistics", "the alignment of public images")
+    probed_sections = ("statistics", "alignment")
     releases_soft_labels = True
     no_generator = ("trains no generator: its release is public images aligned to the DP teacher's statistics, and "
                     "its DP model is a classifier")
@@ -136,7 +144,7 @@ class DPImgSyn(Method):
     def fit(self, context: RunContext) -> None:
         """The DP teacher and the DP statistics (released in turn, or restored), then the aligned release."""
         public = self._public_images(context.dataset.info) if self.alignment_settings.init == "public" else None
-        teacher = self._build_teacher(context.dataset.info).to(context.device)
+        teacher = self._build_teacher(context.dataset.info.shape, context.dataset.info.num_classes).to(context.device)
         teacher.load_state_dict(context.released(TEACHER_STAGE, lambda: self._trained_teacher(context, teacher),
                                                  every_rank=True))
         released = context.released(STATISTICS_STAGE, lambda: self._released_statistics(context, teacher, public))
@@ -164,10 +172,9 @@ class DPImgSyn(Method):
         return {"statistics": statistics.state_dict(), "scale": scaling.scale, "clip": scaling.clip,
                 "teacher_accuracy": accuracy}
 
-    def _build_teacher(self, info: DatasetInfo) -> torch.nn.Module:
+    def _build_teacher(self, shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:
         settings = self.teacher_settings
-        return group_norm_resnet(info.channels, info.num_classes, list(settings.blocks), list(settings.widths),
-                                 settings.groups)
+        return group_norm_resnet(shape[0], num_classes, list(settings.blocks), list(settings.widths), settings.groups)
 
     def _trained_teacher(self, context: RunContext, teacher: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The teacher's weights after its planned DP-SGD steps on cross-entropy (SGD with momentum)."""
@@ -188,17 +195,43 @@ class DPImgSyn(Method):
         return weights(teacher)
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
-        """The teacher's DP-SGD on random tensors."""
+        """On random tensors: the teacher's DP-SGD, the statistics' moments per private image and an alignment
+        iteration per released image (the release's unit, :meth:`release_units`)."""
         settings, generator = self.teacher_settings, torch.Generator().manual_seed(0)
-        teacher = group_norm_resnet(shape[0], num_classes, list(settings.blocks), list(settings.widths),
-                                    settings.groups).to(device).train()
+        teacher = self._build_teacher(shape, num_classes).to(device).train()
+        frozen = self._build_teacher(shape, num_classes).to(device).eval().requires_grad_(False)
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             images = torch.rand(len(indices), *shape, generator=generator) * 2 - 1
             return images.to(device), torch.randint(0, num_classes, (len(indices),), generator=generator).to(device)
 
-        return Probes({"teacher": (DpsgdProbe(teacher, _example_loss, make_batch, settings.physical_batch_size,
-                                                  False), 1)})
+        images = _teacher_inputs(self._noise_images(PROBE_IMAGES, shape, generator))
+        scaling = public_scaling(frozen, images, 1.0, PROBE_IMAGES, device)
+
+        def statistics() -> float:
+            weights = torch.ones(PROBE_IMAGES)
+            return timed(lambda: clipped_moment_sum(frozen, images, weights, scaling, PROBE_IMAGES, device),
+                         device) / PROBE_IMAGES
+
+        def alignment() -> float:
+            with torch.no_grad():
+                target = batch_statistics(frozen, images.to(device), scaling)
+            targets = uniform_targets(PROBE_IMAGES, num_classes).to(device)
+            aligned = self.alignment_settings
+            seconds = timed(lambda: align_batch(frozen, images.to(device), targets, target, scaling, aligned), device)
+            return seconds / (PROBE_IMAGES * aligned.iterations)
+
+        teacher_probe = DpsgdProbe(teacher, _example_loss, make_batch, settings.physical_batch_size, False)
+        return Probes({"teacher": (teacher_probe, 1)}, sampling=alignment, phases={STATISTICS_STAGE: statistics})
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        return {STATISTICS_STAGE: num_images}
+
+    @classmethod
+    def release_units(cls, config: Config) -> float:
+        """Image-iterations of alignment."""
+        return config["sampling"]["num_samples"] * config["alignment"]["iterations"]
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         if self.alignment_settings.init != "public":

@@ -31,7 +31,7 @@ Privacy, and where we depart from the paper (Sec. 4.2-4.5):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,6 +42,7 @@ from ...privacy import NonPrivateAccess, PlannedStage
 from ...training.context import RunContext, weights
 from ...training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
 from ...training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch
+from ...training.probes import Probes
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import as_floats, to_uint8
 from ..base import CPU_PROTOCOL, DiffusionMethod, Paper, register
@@ -51,6 +52,7 @@ TRAINING = ("dp", "non-private")
 INITS = ("teacher", "scratch")
 POOL_IMAGES = "teacher_pool.png"
 TEACHER_STAGE, STUDENT_STAGE = "teacher", "student"
+POOL_PHASE = "teacher pool"  # per image-step of sampling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,8 +104,8 @@ class DPSAD(DiffusionMethod):
     smoke = (*SMOKE_UNET, "teacher.batch_size=64", "teacher.epochs=0.1", "teacher.checkpoint_every=2",
              "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
              "discriminator.pool_steps=2", "discriminator.batch_size=8")
-    dpsgd_sections = ("teacher", "student")  # the student's step is timed as the teacher's
-    unestimated_phases = ("the teacher's sample pool", "the discriminator")
+    dpsgd_sections = ("teacher", "student")
+    probed_sections = ("discriminator",)
     description = "student diffusion model distilled from a DP teacher with a discriminator (sound DP-SAD)"
     paper = Paper("Bochao Liu, Pengju Wang, Shiming Ge",
                   "Learning Differentially Private Diffusion Models via Stochastic Adversarial Distillation",
@@ -185,54 +187,97 @@ class DPSAD(DiffusionMethod):
         student = self.trainer.build(info, context.device)
         if settings.init == "teacher":
             student.load_state_dict(teacher.state_dict())
-        discriminator = Discriminator(info.channels, self.discriminator_settings.width,
-                                      self.trainer.diffusion).to(context.device)
-        optimizer = torch.optim.Adam(discriminator.parameters(), lr=self.discriminator_settings.lr,
-                                     betas=(0.5, 0.999))
-        loss = StudentLoss(self.trainer.diffusion, discriminator, settings.output_clip, settings.adversarial_weight)
+        discriminator, optimizer, loss = self._adversary(student, info.channels, context.device)
         pool_set = (pool[0].float() / 255, pool[1])
 
         def discriminator_step() -> dict[str, torch.Tensor]:
-            indices = torch.randint(len(pool_set[1]), (self.discriminator_settings.batch_size,),
-                                    generator=context.generator)
-            noisy, times, labels, teacher_next, _ = self._student_inputs(
-                context, teacher, pool_set[0][indices], pool_set[1][indices], context.generator)
-            with torch.no_grad():
-                student_next = self.trainer.diffusion.previous_mean(
-                    student(noisy, times, class_labels=labels).sample, noisy, times)
-            value = discriminator_loss(discriminator, teacher_next, student_next, noisy, times)
-            optimizer.zero_grad(set_to_none=True)
-            value.backward()
-            optimizer.step()
+            value = self._discriminator_step(teacher, student, discriminator, optimizer, pool_set, context.generator,
+                                             context.device, info.num_classes)
             context.world.broadcast_module(discriminator)  # rank 0's copy, should rounding make them drift
-            return {"d_loss": value.detach()}
+            return {"d_loss": value}
 
         self.trainer.train_private(context, student, STUDENT_STAGE, self.student_settings,
                                    self._student_batches(context, teacher), loss, after_step=discriminator_step,
                                    parts={"discriminator": discriminator, "discriminator_optimizer": optimizer})
         return student
 
+    def _adversary(self, student: torch.nn.Module, channels: int, device: torch.device
+                   ) -> tuple[Discriminator, torch.optim.Optimizer, StudentLoss]:
+        """A fresh discriminator on ``device``, its Adam, and the student's per-example loss against it."""
+        settings = self.discriminator_settings
+        discriminator = Discriminator(channels, settings.width, self.trainer.diffusion).to(device)
+        optimizer = torch.optim.Adam(discriminator.parameters(), lr=settings.lr, betas=(0.5, 0.999))
+        student_settings = self.student_settings
+        return discriminator, optimizer, StudentLoss(self.trainer.diffusion, discriminator,
+                                                     student_settings.output_clip, student_settings.adversarial_weight)
+
+    def _discriminator_step(self, teacher: torch.nn.Module, student: torch.nn.Module, discriminator: Discriminator,
+                            optimizer: torch.optim.Optimizer, pool: tuple[torch.Tensor, torch.Tensor],
+                            generator: torch.Generator, device: torch.device, num_classes: int) -> torch.Tensor:
+        """One Adam step of the discriminator on a random batch of the teacher's ``pool``; its loss."""
+        indices = torch.randint(len(pool[1]), (self.discriminator_settings.batch_size,), generator=generator)
+        noisy, times, labels, teacher_next, _ = self._student_inputs(teacher, pool[0][indices], pool[1][indices],
+                                                                     generator, device, num_classes)
+        with torch.no_grad():
+            student_next = self.trainer.diffusion.previous_mean(
+                student(noisy, times, class_labels=labels).sample, noisy, times)
+        value = discriminator_loss(discriminator, teacher_next, student_next, noisy, times)
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        optimizer.step()
+        return value.detach()
+
     def _student_batches(self, context: RunContext, teacher: torch.nn.Module) -> MakeBatch:
         """``make_batch(indices)`` of the private set: x_t at one random t each, the teacher's output, the target."""
-        train = context.dataset.train
+        train, classes = context.dataset.train, context.dataset.info.num_classes
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._student_inputs(context, teacher, as_floats(train.images[indices]), train.labels[indices],
-                                        context.example_generator)
+            return self._student_inputs(teacher, as_floats(train.images[indices]), train.labels[indices],
+                                        context.example_generator, context.device, classes)
 
         return make_batch
 
-    def _student_inputs(self, context: RunContext, teacher: torch.nn.Module, images: torch.Tensor,
-                        labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    def _student_inputs(self, teacher: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                        generator: torch.Generator, device: torch.device, num_classes: int
+                        ) -> tuple[torch.Tensor, ...]:
         """x_t at one random t each (Eq. 15), t, labels, and two next-step images x_{t-1}: the teacher's
         (with guidance, Eq. 5) and the data's (the forward process's posterior mean given x_0)."""
         times = torch.randint(0, self.trainer.diffusion.timesteps, (len(labels),), generator=generator)
         noise = torch.randn(images.shape, generator=generator)
         noisy, target = self.trainer.diffusion.noisy(images, times, noise)
-        noisy, times, labels, target = (to_device(t, context.device) for t in (noisy, times, labels, target))
+        noisy, times, labels, target = (to_device(t, device) for t in (noisy, times, labels, target))
         with torch.no_grad():
-            teacher_out = self.trainer.diffusion.guided(teacher, noisy, times, labels,
-                                                        context.dataset.info.num_classes,
+            teacher_out = self.trainer.diffusion.guided(teacher, noisy, times, labels, num_classes,
                                                         self.teacher_settings.guidance).float()
         previous = self.trainer.diffusion.previous_mean
         return noisy, times, labels, previous(teacher_out, noisy, times), previous(target, noisy, times)
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The teacher's DP-SGD; the student's, with the teacher's guided output in each batch and a discriminator
+        step after each step; the teacher's pool at the sampler's rate."""
+        probes = super().throughput_probes(shape, num_classes, device)
+        teacher = probes.dpsgd[TEACHER_STAGE][0].model.eval()
+        student_probe = probes.dpsgd[STUDENT_STAGE][0]
+        student = student_probe.model
+        discriminator, optimizer, loss = self._adversary(student, shape[0], device)
+        generator = torch.Generator().manual_seed(0)
+        pool = (torch.rand(self.discriminator_settings.batch_size, *shape, generator=generator),
+                torch.arange(self.discriminator_settings.batch_size) % num_classes)
+
+        def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._student_inputs(teacher, torch.rand(len(indices), *shape, generator=generator),
+                                        torch.randint(0, num_classes, (len(indices),), generator=generator),
+                                        generator, device, num_classes)
+
+        def after_step() -> None:
+            self._discriminator_step(teacher, student, discriminator, optimizer, pool, generator, device, num_classes)
+
+        distilled = replace(student_probe, loss=loss, make_batch=make_batch, batch_loss=None, after_step=after_step)
+        assert probes.sampling is not None
+        return replace(probes, dpsgd={**probes.dpsgd, STUDENT_STAGE: (distilled, 1)},
+                       phases={POOL_PHASE: probes.sampling})
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        pool = config["discriminator"]
+        return {POOL_PHASE: pool["pool"] * pool["pool_steps"]}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import TypeVar
 
 import numpy as np
@@ -35,6 +35,7 @@ from ...privacy.mechanisms import release_counts
 from ...privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from ...runs import LOG
 from ...training.context import RunContext
+from ...training.probes import Probes, timed
 from ...utils.images import as_floats
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
@@ -45,6 +46,10 @@ T = TypeVar("T")
 ITERATIONS_DIR = "iterations"
 PHASE, COUNTS_STAGE, HISTOGRAMS_STAGE = "pe", "class-counts", "histograms"
 APIS = ("drawtext", "diffusion")
+# The phases the planner prices, each per unit: an image the API makes or varies, an image embedded, a private
+# image's vote among its class's share of the population.
+RANDOM_PHASE, VARIATION_PHASE, EMBEDDING_PHASE, VOTES_PHASE = "random API", "variation API", "embedding", "votes"
+PROBE_IMAGES, PROBE_VOTERS = 16, 256  # images the API makes for the probe; random private rows that vote
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +106,7 @@ class PrivateEvolution(Method):
     resume_settings = ("api.batch_size",)
     shortcuts = {"--api": ("api.name", "PE: the foundation-model API, drawtext or diffusion", None),
                  "--api-model": ("api.model", "PE: the diffusers model directory of the diffusion API", None)}
-    unestimated_phases = ("the API's generation and the votes",)
+    probed_sections = ("api", "pe")
     no_generator = ("trains no generator: its release is the population the DP votes selected from a public "
                     "model's images, and that model never read the private data; release more by running it again")
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
@@ -159,6 +164,57 @@ class PrivateEvolution(Method):
                           PrivacyWarning, stacklevel=2)
             return {}
         return {model_label("api.model", model): prints}
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The API's random and variation calls (the release's unit: a variation at the last degree), the
+        embedding and the votes, on the API's own images and random embeddings (nothing private)."""
+        settings, generator = self.settings, torch.Generator().manual_seed(0)
+        info = DatasetInfo("probe", *shape, [str(c) for c in range(num_classes)], "probe")
+        api = cache(lambda: self.build_api(info, device))
+        embed = cache(lambda: build_embedding(settings.embedding, device))
+        samples = cache(lambda: api().random_api(0, PROBE_IMAGES, generator))  # made once, untimed
+
+        def per_image(call: Callable[[Samples], object]) -> float:
+            call(samples().take(torch.arange(2)))  # a warm-up
+            return timed(lambda: call(samples()), device) / PROBE_IMAGES
+
+        def variation(degree: float) -> Callable[[], float]:
+            return lambda: per_image(lambda some: api().variation_api(some, 0, degree, generator))
+
+        def random() -> float:
+            return per_image(lambda some: api().random_api(0, len(some), generator))
+
+        def embedding() -> float:
+            return per_image(lambda some: embed()(some.images))
+
+        def votes() -> float:
+            dimension = embed()(samples().images[:1]).shape[1]
+            private = torch.rand(PROBE_VOTERS, dimension, generator=generator)
+            candidates = torch.rand(max(1, settings.population // num_classes), dimension, generator=generator)
+            weights = torch.ones(PROBE_VOTERS)
+            return timed(lambda: nearest_neighbour_votes(private, candidates, weights, device=device),
+                         device) / PROBE_VOTERS
+
+        schedule = settings.schedule()
+        return Probes({}, sampling=variation(schedule[-1]), phases={
+            RANDOM_PHASE: random, VARIATION_PHASE: variation(float(np.mean(schedule))), EMBEDDING_PHASE: embedding,
+            VOTES_PHASE: votes})
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        """RANDOM_API makes the population; each iteration varies it k times for the lookahead and once for the
+        offspring, embeds it (k times, or once without lookahead) and lets every private image vote; the private
+        images are embedded once."""
+        pe = config["pe"]
+        population, iterations, lookahead = pe["population"], pe["iterations"], pe["lookahead"]
+        return {RANDOM_PHASE: population, VARIATION_PHASE: iterations * (lookahead + 1) * population,
+                EMBEDDING_PHASE: num_images + iterations * max(lookahead, 1) * population,
+                VOTES_PHASE: iterations * num_images}
+
+    @classmethod
+    def release_units(cls, config: Config) -> float:
+        """The variations a release of more images than the population makes."""
+        return max(0, config["sampling"]["num_samples"] - config["pe"]["population"])
 
     def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
         settings = self.api_settings
