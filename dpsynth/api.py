@@ -317,14 +317,14 @@ def training_regime(config: Config, info: DatasetInfo, budget: BudgetPlan) -> li
 
 
 def recommended_recipe(config: Config, info: DatasetInfo) -> Recommendation | None:
-    """The measured recipe for data of ``info``'s N (as planning uses it) and side at ``config``'s epsilon and time
-    budget (:mod:`dpsynth.autoplan.recipes`); None for data under :data:`HOLDER_SIDE` px, which the recipes do not
-    cover."""
+    """The measured recipe for data of ``info``'s N (as planning uses it), side and channels at ``config``'s epsilon
+    and time budget (:mod:`dpsynth.autoplan.recipes`); None for data under :data:`HOLDER_SIDE` px, which the recipes
+    do not cover."""
     side = info.release_side or info.height
     if side < HOLDER_SIDE:
         return None
     budget = parse_duration(PlanSettings.of(config).time_budget) / 60
-    return recommend(info.num_train, side, PrivacySettings.of(config).epsilon, budget)
+    return recommend(info.num_train, side, info.channels, PrivacySettings.of(config).epsilon, budget)
 
 
 def check_training_regime(config: Config, assessments: list[Assessment]) -> None:

@@ -157,6 +157,8 @@ def test_measured_plans_tabulate_runs_and_refusals_with_their_cpu(tmp_path):
     table = plans.table(results)
     assert ("| photo-patches-16k | 10m | 16,000 | 64 x 767 | 5,000 | 10.0 | 11.4 | 1.14 | 98.8 ± 0.2 % | 287.0 |"
             in table)
+    methods = plans.table(results.parent / "cpu-auto-methods")  # several DP-SGD sections named; none said so
+    assert "| teacher 112 x 613, student 16 x 200 |" in methods and "| pe: no DP-SGD |" in methods
     refused = tmp_path / "photos-128-10m"
     refused.mkdir()
     (refused / "machine.txt").write_text("AMD EPYC, 2 cores, AVX2\n")

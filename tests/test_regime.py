@@ -56,25 +56,29 @@ def test_the_shipped_outcomes_are_what_the_committed_records_say():
 
 
 def recipe(method: str, units: int, accuracy: float, epsilon: float = 10, budget: float = 60,
-           side: int = 64) -> Recipe:
-    return Recipe(f"{method}-{units}-{epsilon}", method, "toy", units, side, side, epsilon, budget, budget,
+           side: int = 64, channels: int = 1) -> Recipe:
+    return Recipe(f"{method}-{units}-{epsilon}", method, "toy", units, side, side, channels, epsilon, budget, budget,
                   accuracy, 0.1, 0.9, 150.0, "a CPU", "2026-12-02")
 
 
 def test_the_recommendation_is_the_best_of_the_nearest_measured_cell_within_the_budget():
     measured = (recipe("dpdm", 1000, 0.40), recipe("dp-merf", 900, 0.55), recipe("dpdm", 3000, 0.80),
                 recipe("dp-merf", 300, 0.11), recipe("dpdm", 1000, 0.85, budget=120), recipe("dpdm", 1000, 0.2, 1))
-    chosen = recommend(1000, 64, 10, 60, measured)
+    chosen = recommend(1000, 64, 1, 10, 60, measured)
     assert chosen.chosen is measured[1] and set(chosen.considered) == {measured[0], measured[1]}
     assert "recommended method for N = 1,000 at 64 px" in chosen.lines()[0] and "dp-merf" in chosen.lines()[0]
-    assert recommend(1000, 64, 10, 120, measured).chosen is measured[4]  # a longer budget reaches the longer run
-    assert recommend(3200, 64, 10, 60, measured).chosen is measured[2]
-    assert recommend(1000, 64, 1, 60, measured).chosen is measured[5]  # the epsilon counts as much as N
-    nothing = recommend(300, 64, 10, 60, measured)
+    assert recommend(1000, 64, 1, 10, 120, measured).chosen is measured[4]  # a longer budget reaches the longer run
+    assert recommend(3200, 64, 1, 10, 60, measured).chosen is measured[2]
+    assert recommend(1000, 64, 1, 1, 60, measured).chosen is measured[5]  # the epsilon counts as much as N
+    nothing = recommend(300, 64, 1, 10, 60, measured)
     assert nothing.chosen is measured[3] and "none measured learned anything" in nothing.lines()[0]
-    far = recommend(1000, 64, 1, 60, measured[:5])  # only epsilon = 10 measured: no recommendation at epsilon 1
+    far = recommend(1000, 64, 1, 1, 60, measured[:5])  # only epsilon = 10 measured: no recommendation at epsilon 1
     assert far.chosen is None and far.considered and "none measured near this N and epsilon" in far.lines()[0]
-    assert recommend(1000, 128, 10, 60, measured).chosen is None  # no recipe at another side
+    assert recommend(1000, 128, 1, 10, 60, measured).chosen is None  # no recipe at another side
+    photographs = (*measured, recipe("dpdm", 1000, 0.95, channels=3))  # an easier task, in colour
+    assert recommend(1000, 64, 1, 10, 60, photographs).chosen is measured[1]
+    assert recommend(1000, 64, 3, 10, 60, photographs).chosen is photographs[-1]
+    assert "at 64 px RGB" in recommend(1000, 64, 3, 10, 60, photographs).lines()[0]
 
 
 def test_the_shipped_recipes_are_what_the_committed_records_say():
@@ -120,7 +124,7 @@ def test_a_plan_where_every_record_learned_nothing_is_refused_before_a_ledger_en
     shown = dpsynth_main("privacy", "dpdm", "--dataset", "npz", "--data-dir", str(data), "--epsilon", "8", "--preset",
                          "cpu", *sum((["--set", pair] for pair in TINY), []))
     assert shown.code == 0 and "will NOT learn" in shown.out and "dpsynth run refuses this plan" in shown.out
-    assert re.search(r"recommended method for N = \d+ at 64 px, epsilon 8, --time-budget 30m: ", shown.out)
+    assert re.search(r"recommended method for N = \d+ at 64 px grey, epsilon 8, --time-budget 30m: ", shown.out)
     forced = dpsynth_main(*run_args(data, tmp_path / "runs", "plan.force=true"))
     assert forced.code == 0, forced.err
     run = next((tmp_path / "runs").iterdir())

@@ -81,14 +81,20 @@ def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.de
     """Probe ``device`` for a run of ``config``: its DP-SGD sections, sampling, public training, the evaluation's
     classifiers and Inception (once per process for the same models, shapes and device)."""
     cls = type(method)
-    timed = (*cls.dpsgd_sections, *cls.public_sections, *cls.probed_sections, "model", "diffusion", "sampling",
+    timed = (*cls.dpsgd_sections, *cls.public_sections, *cls.probed_keys, "model", "diffusion", "sampling",
              "evaluation")
     key = json.dumps([config["method"], inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
-                      str(device),
-                      {name: config[name] for name in timed if name in config}], sort_keys=True)
+                      str(device), {name: _value(config, name) for name in timed}], sort_keys=True)
     if key not in MEASURED:
         MEASURED[key] = _probe(method, config, inputs, device)
     return MEASURED[key]
+
+
+def _value(config: Config, key: str) -> Any:
+    """A config section (``generator``) or key (``alignment.iterations``); None where the config has none."""
+    section, _, name = key.partition(".")
+    values = config.get(section)
+    return values.get(name) if name and isinstance(values, dict) else values
 
 
 def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:

@@ -6,9 +6,10 @@ The package ships the committed measurements (``recipes.json``, written by ``ben
 training side, epsilon, time budget, machine and date, and what came out: the CNN's test accuracy (beside its
 chance level and, where measured, the same CNN trained on the real training images), and FID-infinity.
 
-A recommendation reads only public or noisy facts (N as planning uses it, the data's side, epsilon, the budget)
-and picks, among the recipes at the data's side, those measured nearest to its N and epsilon within the budget;
-of those, the one whose release went furthest from chance. It says when none learned anything, and what to try.
+A recommendation reads only public or noisy facts (N as planning uses it, the data's side and channels, epsilon,
+the budget) and picks, among the recipes at the data's side and channels, those measured nearest to its N and
+epsilon within the budget; of those, the one whose release went furthest from chance. It says when none learned
+anything, and what to try.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Recipe:
     units: int
     side: int
     train_side: int
+    channels: int
     epsilon: float
     budget_minutes: float
     wall_minutes: float
@@ -61,8 +63,9 @@ class Recipe:
         real = f" (the same CNN on the real images: {self.real_accuracy:.1%})" if self.real_accuracy else ""
         fid = f", FID-inf {self.fid_infinity:.0f}" if self.fid_infinity is not None else ""
         return (f"{self.method}{lift}, epsilon {self.epsilon:g}, --time-budget {self.budget_minutes:g}m: "
-                f"{self.data} at {self.side} px, N = {self.units:,} -> CNN {self.accuracy:.1%} (chance "
-                f"{self.chance:.0%}){real}{fid} [{self.record}, {self.machine}, {self.date}]")
+                f"{self.data} at {self.side} px {colours(self.channels)}, N = {self.units:,} -> CNN "
+                f"{self.accuracy:.1%} (chance {self.chance:.0%}){real}{fid} "
+                f"[{self.record}, {self.machine}, {self.date}]")
 
     def to_dict(self) -> dict[str, Any]:
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
@@ -82,6 +85,7 @@ class Recommendation:
 
     units: int
     side: int
+    channels: int
     epsilon: float
     budget_minutes: float
     chosen: Recipe | None
@@ -89,14 +93,15 @@ class Recommendation:
 
     def lines(self) -> list[str]:
         """The recommendation in words, for ``dpsynth privacy``."""
-        asked = (f"N = {self.units:,} at {self.side} px, epsilon {self.epsilon:g}, "
+        asked = (f"N = {self.units:,} at {self.side} px {colours(self.channels)}, epsilon {self.epsilon:g}, "
                  f"--time-budget {self.budget_minutes:g}m")
         if self.chosen is None and self.considered:
             return [f"recommended method for {asked}: none measured near this N and epsilon (none within "
                     f"{math.exp(CELL):.2g}x of both); the nearest measured, for reference:",
                     *(f"  measured: {recipe.words()}" for recipe in self.considered)]
         if self.chosen is None:
-            return [f"recommended method for {asked}: no measured recipe at {self.side} px within the budget; "
+            return [f"recommended method for {asked}: no measured recipe at {self.side} px {colours(self.channels)} "
+                    "within the budget; "
                     "the own-data guide's recipe table lists the recorded ones"]
         chosen = self.chosen
         if chosen.learned_nothing:
@@ -111,22 +116,28 @@ class Recommendation:
                         f"{recipe.words()}" for recipe in self.considered)]
 
 
-def recommend(units: int, side: int, epsilon: float, budget_minutes: float,
+def recommend(units: int, side: int, channels: int, epsilon: float, budget_minutes: float,
               recipes: tuple[Recipe, ...] | None = None) -> Recommendation:
-    """The recipe for ``units`` people (or images) at ``side`` px, ``epsilon`` and ``budget_minutes``: of the
-    recipes at that side measured within the budget, those nearest in (log N, log epsilon); of them the one that
+    """The recipe for ``units`` people (or images) at ``side`` px with ``channels``, ``epsilon`` and
+    ``budget_minutes``: of the recipes at that side and channels (grey scans are not photographs) measured within
+    the budget, those nearest in (log N, log epsilon); of them the one that
     went furthest from chance. None is chosen (the nearest are listed) where the nearest lies more than
     :data:`CELL` away: a recipe measured at ten times the epsilon says little of this one."""
     recipes = recorded_recipes() if recipes is None else recipes
-    fitting = [recipe for recipe in recipes
-               if recipe.side == side and recipe.budget_minutes <= BUDGET_SLACK * budget_minutes]
+    fitting = [recipe for recipe in recipes if recipe.side == side and recipe.channels == channels
+               and recipe.budget_minutes <= BUDGET_SLACK * budget_minutes]
     if not fitting:
-        return Recommendation(units, side, epsilon, budget_minutes, None, ())
+        return Recommendation(units, side, channels, epsilon, budget_minutes, None, ())
     nearest = min(_distance(recipe, units, epsilon) for recipe in fitting)
     considered = tuple(sorted((recipe for recipe in fitting if _distance(recipe, units, epsilon) <= nearest + CELL),
                               key=lambda recipe: -recipe.gain))
     chosen = considered[0] if nearest <= CELL else None
-    return Recommendation(units, side, epsilon, budget_minutes, chosen, considered)
+    return Recommendation(units, side, channels, epsilon, budget_minutes, chosen, considered)
+
+
+def colours(channels: int) -> str:
+    """``grey`` or ``RGB`` (or the number of channels)."""
+    return {1: "grey", 3: "RGB"}.get(channels, f"{channels} channels")
 
 
 def _distance(recipe: Recipe, units: int, epsilon: float) -> float:

@@ -40,16 +40,18 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     config = load_config((run / CONFIG).read_text(), str(run / CONFIG))
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     privacy = json.loads((run / "release" / "privacy.json").read_text())
-    trains = "dpsgd" in config  # DP-SGD, its last stage; else one release of noisy statistics (DP-MERF)
-    dpsgd = privacy["stages"][-1]["mechanisms"][0]
+    sections = [(name, config[name]["batch_size"], stage["mechanisms"][0]["steps"])  # each DP-SGD section's
+                for stage in privacy["stages"] for name in [stage["name"].replace("-", "")]  # stage dp-sgd: dpsgd
+                if stage["mechanisms"][0]["mechanism"] == "subsampled_gaussian"
+                and "batch_size" in config.get(name, {})]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     plan = PlanSettings.of(config)
     expected = plan.expected_seconds or {}  # a fixed preset expects nothing
     stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
-            "method": config["method"], "batch": config["dpsgd"]["batch_size"] if trains else None,
-            "steps": dpsgd["steps"] if trains else None,
+            "method": config["method"], "sections": sections,
+            "batch": sections[-1][1] if sections else None, "steps": sections[-1][2] if sections else None,
             "trained_at": privacy.get("upscaling", {}).get("private_side"),
             "release": SamplingSettings.of(config).num_samples, "epsilon": privacy["epsilon"],
             "preset": config["preset"], "measured_min": wall / 60,
@@ -76,11 +78,14 @@ def quote(folder: Path, key: str) -> str:
 
 
 def _schedule(row: dict[str, Any]) -> str:
-    """A row's batch x steps, and the side it trained at where that was below the release's; a method without
-    DP-SGD by name."""
-    if row.get("steps") is None:
+    """A row's batch x steps (each section's, named, where it has several), and the side it trained at where that
+    was below the release's; a method without DP-SGD by name."""
+    sections = row["sections"]
+    if not sections:
         return f"{row['method']}: no DP-SGD"
-    return f"{row['batch']} x {row['steps']}" + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
+    steps = ", ".join(f"{name} {batch} x {steps}" if len(sections) > 1 else f"{batch} x {steps}"
+                      for name, batch, steps in sections)
+    return steps + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
 
 
 def _outcome(row: dict[str, Any]) -> str:

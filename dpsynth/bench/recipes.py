@@ -17,6 +17,7 @@ import yaml
 
 from ..autoplan.recipes import HOLDER_SIDE, Recipe
 from ..autoplan.rules import parse_duration
+from .frontier import RELEASED_SHAPE
 from .regime import class_count, data_name, provenance, public_units, trained_side
 
 REAL_CNN = "real-cnn"  # the folder of benchmarks/real_cnn.py's records, under the results
@@ -46,6 +47,7 @@ def recipe_of(run: Path, results: Path) -> Recipe | None:
     machine, date = provenance(run, results)
     return Recipe(record=str(run.relative_to(results)), method=config["method"], data=data_name(config["dataset"]),
                   units=public_units(run, config), side=side, train_side=train_side,
+                  channels=released_channels(run, config),
                   epsilon=float(privacy["target_epsilon"]),
                   budget_minutes=parse_duration(config["plan"]["time_budget"]) / 60,
                   wall_minutes=round(int(wall_path.read_text()) / 60, 1),
@@ -53,6 +55,16 @@ def recipe_of(run: Path, results: Path) -> Recipe | None:
                   real_accuracy=real_accuracy(results, data_name(config["dataset"]), side),
                   fid_infinity=metrics.get("fid_infinity"),
                   machine=machine, date=date)
+
+
+def released_channels(run: Path, config: dict[str, Any]) -> int:
+    """The channels of the run's release: as its datasheet states them, else declared, else drawn by its vote."""
+    readme = run / "release" / "README.md"
+    stated = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
+    if stated:
+        return int(stated[1])
+    declared, drawn = config["dataset"].get("channels"), config["privacy"].get("noisy_shape")
+    return int(declared) if isinstance(declared, int) else int(drawn[0])
 
 
 def real_cnn_path(results: Path, data: str, side: int) -> Path:

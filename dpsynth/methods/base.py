@@ -86,7 +86,8 @@ class Method(ABC):
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
     # The phase of Probes.phases whose iterations a derived plan sizes to the budget, and the key it sets.
     sized_phase: ClassVar[tuple[str, str] | None] = None
-    probed_sections: ClassVar[tuple[str, ...]] = ()  # other sections its throughput probes read (their phases)
+    # Other config sections (``generator``) or keys (``alignment.iterations``) its throughput probes read.
+    probed_keys: ClassVar[tuple[str, ...]] = ()
     smoke: ClassVar[tuple[str, ...]] = ()  # --set pairs over the cpu preset: a few steps of every stage
     resume_settings: ClassVar[tuple[str, ...]] = ()  # keys a resumed run may change (chunk sizes, say)
     # Command-line options for its keys: option -> (key, help, metavar or None), a literal (the command line reads

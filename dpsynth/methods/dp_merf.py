@@ -39,7 +39,7 @@ class DPMERF(Method):
     smoke = ("frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3", "generator.latent=8",
              "generator.width=16")
     sized_phase = (GENERATOR_PHASE, "generator.iterations_per_epoch")
-    probed_sections = ("frequency", "generator")
+    probed_keys = ("frequency", "generator")
     description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
     paper = Paper("Frederik Harder, Kamil Adamczewski, Mijung Park",
                   "DP-MERF: Differentially Private Mean Embeddings with Random Features for Practical "

@@ -95,7 +95,7 @@ class PrivImage(DiffusionMethod):
              "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
     dpsgd_sections = DPDM.dpsgd_sections
     public_sections = ("public_pretrain",)
-    probed_sections = ("selection",)
+    probed_keys = ("selection",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
     paper = Paper("Kecen Li, Chen Gong, Zhixiang Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
                   "PrivImage: Differentially Private Synthetic Image Generation using Diffusion Models with "

@@ -91,7 +91,7 @@ class DPImgSyn(Method):
     resume_settings = ("statistics.batch_size",)
     shortcuts = {"--public": ("alignment.public", "DP-ImgSyn: the public dataset whose images are aligned", None)}
     dpsgd_sections = ("teacher",)
-    probed_sections = ("statistics", "alignment")
+    probed_keys = ("alignment.iterations",)  # the probes time fixed batches of random images
     releases_soft_labels = True
     no_generator = ("trains no generator: its release is public images aligned to the DP teacher's statistics, and "
                     "its DP model is a classifier")

@@ -105,7 +105,7 @@ class DPSAD(DiffusionMethod):
              "student.batch_size=64", "student.epochs=0.1", "student.checkpoint_every=2", "discriminator.pool=20",
              "discriminator.pool_steps=2", "discriminator.batch_size=8")
     dpsgd_sections = ("teacher", "student")
-    probed_sections = ("discriminator",)
+    probed_keys = ("discriminator",)
     description = "student diffusion model distilled from a DP teacher with a discriminator (sound DP-SAD)"
     paper = Paper("Bochao Liu, Pengju Wang, Shiming Ge",
                   "Learning Differentially Private Diffusion Models via Stochastic Adversarial Distillation",

@@ -108,7 +108,7 @@ class FETAPro(DiffusionMethod):
              "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2", "frequency_warmup.sample_steps=2")
     dpsgd_sections = DPFETA.dpsgd_sections
     public_sections = ("warmup", "frequency_warmup")
-    probed_sections = ("frequency", "generator")
+    probed_keys = ("frequency", "generator")
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
     paper = Paper("Chen Gong, Kecen Li, Zinan Lin, Tianhao Wang",
                   "From Easy to Hard++: Promoting Differentially Private Image Synthesis Through Spatial-Frequency "

@@ -106,7 +106,7 @@ class PrivateEvolution(Method):
     resume_settings = ("api.batch_size",)
     shortcuts = {"--api": ("api.name", "PE: the foundation-model API, drawtext or diffusion", None),
                  "--api-model": ("api.model", "PE: the diffusers model directory of the diffusion API", None)}
-    probed_sections = ("api", "pe")
+    probed_keys = ("api", "pe")
     no_generator = ("trains no generator: its release is the population the DP votes selected from a public "
                     "model's images, and that model never read the private data; release more by running it again")
     description = "Private Evolution: a foundation-model API guided by DP nearest-neighbour votes (no training)"
