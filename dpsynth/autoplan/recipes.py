@@ -101,8 +101,7 @@ class Recommendation:
                     *(f"  measured: {recipe.words()}" for recipe in self.considered)]
         if self.chosen is None:
             return [f"recommended method for {asked}: no measured recipe at {self.side} px {colours(self.channels)} "
-                    "within the budget; "
-                    "the own-data guide's recipe table lists the recorded ones"]
+                    "within the budget; the own-data guide's recipe table lists the recorded ones"]
         chosen = self.chosen
         if chosen.learned_nothing:
             head = (f"recommended method for {asked}: none measured learned anything at this N and epsilon: train at "
@@ -120,9 +119,9 @@ def recommend(units: int, side: int, channels: int, epsilon: float, budget_minut
               recipes: tuple[Recipe, ...] | None = None) -> Recommendation:
     """The recipe for ``units`` people (or images) at ``side`` px with ``channels``, ``epsilon`` and
     ``budget_minutes``: of the recipes at that side and channels (grey scans are not photographs) measured within
-    the budget, those nearest in (log N, log epsilon); of them the one that
-    went furthest from chance. None is chosen (the nearest are listed) where the nearest lies more than
-    :data:`CELL` away: a recipe measured at ten times the epsilon says little of this one."""
+    the budget, those nearest in (log N, log epsilon); of them the one that went furthest from chance. None is
+    chosen (the nearest are listed) where the nearest lies more than :data:`CELL` away: a recipe measured at ten
+    times the epsilon says little of this one."""
     recipes = recorded_recipes() if recipes is None else recipes
     fitting = [recipe for recipe in recipes if recipe.side == side and recipe.channels == channels
                and recipe.budget_minutes <= BUDGET_SLACK * budget_minutes]

@@ -83,9 +83,9 @@ def _schedule(row: dict[str, Any]) -> str:
     sections = row["sections"]
     if not sections:
         return f"{row['method']}: no DP-SGD"
-    steps = ", ".join(f"{name} {batch} x {steps}" if len(sections) > 1 else f"{batch} x {steps}"
-                      for name, batch, steps in sections)
-    return steps + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
+    schedule = ", ".join(f"{name} {batch} x {steps}" if len(sections) > 1 else f"{batch} x {steps}"
+                         for name, batch, steps in sections)
+    return schedule + (f" at {row['trained_at']} px" if row.get("trained_at") else "")
 
 
 def _outcome(row: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ Privacy, and where we depart from the paper (Sec. 4.2-4.5):
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 import torch
@@ -187,7 +188,7 @@ class DPSAD(DiffusionMethod):
         student = self.trainer.build(info, context.device)
         if settings.init == "teacher":
             student.load_state_dict(teacher.state_dict())
-        discriminator, optimizer, loss = self._adversary(student, info.channels, context.device)
+        discriminator, optimizer, loss = self._adversary(info.channels, context.device)
         pool_set = (pool[0].float() / 255, pool[1])
 
         def discriminator_step() -> dict[str, torch.Tensor]:
@@ -201,7 +202,7 @@ class DPSAD(DiffusionMethod):
                                    parts={"discriminator": discriminator, "discriminator_optimizer": optimizer})
         return student
 
-    def _adversary(self, student: torch.nn.Module, channels: int, device: torch.device
+    def _adversary(self, channels: int, device: torch.device
                    ) -> tuple[Discriminator, torch.optim.Optimizer, StudentLoss]:
         """A fresh discriminator on ``device``, its Adam, and the student's per-example loss against it."""
         settings = self.discriminator_settings
@@ -256,10 +257,10 @@ class DPSAD(DiffusionMethod):
         """The teacher's DP-SGD; the student's, with the teacher's guided output in each batch and a discriminator
         step after each step; the teacher's pool at the sampler's rate."""
         probes = super().throughput_probes(shape, num_classes, device)
-        teacher = probes.dpsgd[TEACHER_STAGE][0].model.eval()
+        teacher = copy.deepcopy(probes.dpsgd[TEACHER_STAGE][0].model).eval().requires_grad_(False)  # frozen
         student_probe = probes.dpsgd[STUDENT_STAGE][0]
         student = student_probe.model
-        discriminator, optimizer, loss = self._adversary(student, shape[0], device)
+        discriminator, optimizer, loss = self._adversary(shape[0], device)
         generator = torch.Generator().manual_seed(0)
         pool = (torch.rand(self.discriminator_settings.batch_size, *shape, generator=generator),
                 torch.arange(self.discriminator_settings.batch_size) % num_classes)
