@@ -54,6 +54,7 @@ from .privacy import (
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.mechanisms import noisy_count
 from .privacy.randomness import SecretStream, stream_key
+from .privacy.releases import HeldRelease, HolderLedger, Total, total
 from .runs import MODEL_CARD, RELEASE
 from .training.upscaler import default_upscaler
 from .utils.device import pick_device
@@ -279,6 +280,51 @@ class BudgetPlan:
     target: float
     stages: dict[str, list[Event]]
     size: int
+
+
+# The sources that read a holder's own files: their releases are counted by where the data lives, every other
+# source's by its name (the same standard set wherever its files are).
+HOLDER_SOURCES = ("folder", "npz")
+
+
+def data_key(config: Config) -> str:
+    """The data set a run releases from, as the holder's ledger counts it: a folder's or file's full path
+    (``folder:/data/scans``), else the standard set's name."""
+    settings = DatasetSettings.of(config)
+    if settings.name in HOLDER_SOURCES and settings.data_dir:
+        return f"{settings.name}:{Path(settings.data_dir).expanduser().resolve()}"
+    return settings.name
+
+
+def holder_ledger(config: Config) -> HolderLedger:
+    """The holder's ledger ``privacy.holder_ledger`` names, else the user's (:mod:`dpsynth.privacy.releases`)."""
+    path = PrivacySettings.of(config).holder_ledger
+    return HolderLedger(Path(path).expanduser() if path else None)
+
+
+def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
+    """The holder's ledger entry of a run of ``config`` at its plan, before any mechanism ran."""
+    unit = "a group (person)" if info.unit == "group" else "an image"
+    return HeldRelease(data_key(config), run, config["method"], unit, time.strftime("%Y-%m-%d", time.gmtime()),
+                       "running", budget.delta, budget.accountant.kind, budget.stages)
+
+
+def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> Total | None:
+    """The ε of every release counted from this data and the run ``run`` at its plan, all together; ConfigError
+    over ``privacy.total_epsilon`` (the holder's cap). None when the holder set no cap."""
+    cap = PrivacySettings.of(config).total_epsilon
+    if cap is None:
+        return None
+    ledger = holder_ledger(config)
+    earlier = ledger.counted(data_key(config), without=run)
+    found = total([*earlier, planned_release(config, info, budget, run)], budget.accountant.kind)
+    if found.epsilon is None or found.epsilon > cap * (1 + 1e-9):
+        spent = "no DP guarantee" if found.epsilon is None else f"ε = {found.epsilon:.4f}"
+        raise ConfigError(f"privacy.total_epsilon = {cap:g}: this run at ε = {budget.target:g} and the "
+                          f"{len(earlier)} earlier release(s) from {data_key(config)} would spend {spent} together "
+                          f"(δ = {found.delta:.3g}); nothing was run. `dpsynth budget` lists them; mark one never "
+                          "shared (`dpsynth budget --not-shared RUN`), lower privacy.epsilon, or raise the cap")
+    return found
 
 
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:

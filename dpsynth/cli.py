@@ -203,6 +203,45 @@ def _privacy(args: argparse.Namespace) -> None:
         print(f"unit of privacy: {dataset.info.unit_words()}")
 
 
+def _budget(args: argparse.Namespace) -> None:
+    from .privacy.releases import HolderLedger, total
+
+    ledger = HolderLedger(Path(args.ledger).expanduser() if args.ledger else None)
+    for run, shared in ((args.not_shared, False), (args.shared, True)):
+        if run:
+            entry = ledger.mark(str(Path(run).expanduser().resolve()), shared)
+            print(f"marked {'shared' if shared else 'never shared'}: {entry.run} (from {entry.data})")
+    releases = ledger.releases()
+    if args.data:
+        path = Path(args.data).expanduser()
+        wanted = f":{path.resolve()}" if path.exists() else None
+        releases = [entry for entry in releases if entry.data == args.data or (
+            wanted is not None and entry.data.endswith(wanted))]
+    if not releases:
+        print(f"no releases{f' from {args.data}' if args.data else ''} in the holder's ledger {ledger.path}")
+        return
+    print(f"the holder's ledger: {ledger.path}")
+    for data in dict.fromkeys(entry.data for entry in releases):
+        every = [entry for entry in releases if entry.data == data]
+        print(f"\nreleases from {data}")
+        print(f"{'#':>3}  {'started':<10}  {'released':<10}  {'method':<13} {'unit':<17} {'epsilon':>8}  "
+              f"{'delta':>9}  {'status':<8}  shared  run")
+        for number, entry in enumerate(every, 1):
+            spent = "none" if entry.status == "released" and entry.epsilon is None else (
+                f"{entry.epsilon:.4f}" if entry.epsilon is not None else "planned")
+            print(f"{number:>3}  {entry.started:<10}  {entry.released or '-':<10}  {entry.method:<13} {entry.unit:<17} "
+                  f"{spent:>8}  {entry.delta:>9.3g}  {entry.status:<8}  {'yes' if entry.shared else 'NO':<6}  "
+                  f"{entry.run}")
+        counted = [entry for entry in every if entry.shared]
+        if counted:
+            running = sum(entry.status == "running" for entry in counted)
+            print(f"the {len(counted)} counted (shared) {total(counted).words()}" + (
+                f"; {running} not released yet, counted at its plan" if running else ""))
+        if len({entry.unit for entry in counted}) > 1:
+            print("note: these releases protect different units; a release whose unit is an image protects a "
+                  "person with k images only as k records")
+
+
 def _without_nproc(argv: Sequence[str]) -> list[str]:
     """``argv`` less its ``--nproc N`` / ``--nproc=N``."""
     kept, skip = [], False
@@ -543,6 +582,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(privacy, "target epsilon of the whole run (default: 10)")
     privacy.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     privacy.set_defaults(handler=_privacy)
+
+    budget = commands.add_parser("budget", help="every release from a data set in the holder's ledger, and the "
+                                                "epsilon of all of them together")
+    budget.add_argument("data", nargs="?", help="a folder or .npz path, or a dataset name (default: every data set)")
+    budget.add_argument("--not-shared", metavar="RUN_DIR",
+                        help="mark that run's release never shared: it stays listed and no longer counts")
+    budget.add_argument("--shared", metavar="RUN_DIR", help="undo --not-shared: that run's release counts again")
+    budget.add_argument("--ledger", metavar="FILE",
+                        help="the holder's ledger to read (default $DPSYNTH_RELEASES, else "
+                             "~/.local/share/dpsynth/releases.json)")
+    budget.set_defaults(handler=_budget)
 
     run = commands.add_parser("run", help="train a method on a private dataset and release synthetic images")
     run.add_argument("method", nargs="?", help=f"one of: {', '.join(sorted(METHODS))}")

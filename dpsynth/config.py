@@ -61,7 +61,8 @@ class DatasetSettings(Section):
     and photo-patches, are 32 x 32 RGB), its classes and how many images to read; how a folder's 16-bit and DICOM
     values map to 8 bits (``window``: [low, high] in their units; auto: voted with the shape when the shape is
     voted, else the full range; full: the full range of their type), where its decoded images are kept
-    (private: they are the images; null keeps none), and the title and description the holder gives the release;
+    (private: they are the images; null keeps none), the title, description and owner the holder gives the release and
+    what the data calls one person (``unit_name``: patient, say);
     ``train_resolution``: the side training reads the images at (a smaller one: shrunk by area averaging, the release
     lifted back by ``release.upscaler``; auto: the derived plan's choice, else the data's side)."""
 
@@ -80,6 +81,8 @@ class DatasetSettings(Section):
     cache_dir: str | None = "~/.cache/dpsynth/folders"
     title: str | None = None  # free text the holder writes: heads the release's datasheet
     description: str | None = None
+    owner: str | None = None  # who holds the data and answers for the release (the datasheet's first line)
+    unit_name: str | None = None  # what one person of the data is called (patient, say); None: person or image
 
     def __post_init__(self) -> None:
         if isinstance(self.window, tuple) and not (len(self.window) == 2 and self.window[0] < self.window[1]):
@@ -92,7 +95,10 @@ class PrivacySettings(Section):
     """The ``privacy`` section: the target epsilon and delta (None: from the training set's size), the accountant,
     the training set's size (auto: published, declared or a noisy count; noisy: a noisy count), and with groups
     (one person's images) the most of a group's images a DP-SGD step reads (the group's mean gradient is clipped,
-    so the bound holds for any number; this caps the work). ``noisy_dataset_size``, ``noisy_shape`` ([channels,
+    so the bound holds for any number; this caps the work). ``epsilon_reason``: why this ε (free text, on the
+    datasheet); ``total_epsilon``: the holder's cap on the ε of every release from the same data together, which
+    refuses a run before it starts; ``holder_ledger``: the file that lists those releases
+    (:mod:`dpsynth.privacy.releases`). ``noisy_dataset_size``, ``noisy_shape`` ([channels,
     side]), ``noisy_window`` (shares of the full range) and ``noisy_images_per_group`` (the noisy mean of a person's
     images, capped, that a derived plan prices a step by) are written by a run, never by the user
     (:data:`RUN_WRITTEN`)."""
@@ -107,6 +113,9 @@ class PrivacySettings(Section):
     noisy_window: tuple[float, ...] | None = None
     max_images_per_group: int = positive(default=16)
     noisy_images_per_group: float | None = None
+    epsilon_reason: str | None = None  # free text: why this epsilon, as the holder's officer agreed it
+    total_epsilon: float | None = positive(default=None)  # the holder's cap on all releases from this data together
+    holder_ledger: str | None = None  # None: $DPSYNTH_RELEASES, else ~/.local/share/dpsynth/releases.json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,11 +166,13 @@ class ReleaseSettings(Section):
     they were sampled from (``model.safetensors`` and ``model.json``), for the methods that train one;
     ``upscaler``: the model trained on public images only that lifts a release made at ``dataset.train_resolution``
     to the data's side (``default``: built from images that installed packages ship; else a folder written by
-    ``dpsynth pretrain --upscaler``)."""
+    ``dpsynth pretrain --upscaler``); ``purpose``: what the release is for and who receives it (free text, on the
+    datasheet)."""
 
     section: ClassVar[str] = "release"
     model: bool = False
     upscaler: str = "default"
+    purpose: str | None = None  # free text: what the release is for and who receives it (on the datasheet)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,33 +3,109 @@ by the release step from the privacy report and the released labels, never by ha
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .api import SHAPE_STAGE
-from .config import DatasetSettings
+from .api import HOLDER_SOURCES, SHAPE_STAGE
+from .config import Config, DatasetSettings, PrivacySettings, ReleaseSettings
 from .data import DatasetInfo
 from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
 
 SIZE_RULES = {"published": "the standard split's published size", "declared": "declared public by the data holder",
-              "noisy": "a noisy count, released as the first stage of the budget below"}
+              "noisy": "a noisy count (the exact number is private), released as the first stage of the budget below"}
+# How strong a promise an ε is, on the scale of the guide "What ε means": (the largest ε, the words).
+EPSILON_SCALE = ((1.0, "a strong promise"), (4.0, "a moderate promise"), (10.0, "a weak promise"),
+                 (math.inf, "a very weak promise"))
+SCALE_WORDS = {"a strong promise": "an attacker's certainty can grow only a little",
+               "a moderate promise": "it bounds an attacker's certainty, though not tightly",
+               "a weak promise": "the bound on an attacker's certainty is loose; the field's papers report ε up to "
+                                 "10 because measured attacks stay far below it, but only the bound is guaranteed",
+               "a very weak promise": "the bound says almost nothing an individual can rely on"}
+
+
+def epsilon_verdict(epsilon: float) -> str:
+    """The guide's words for how strong a promise ``epsilon`` is."""
+    return next(words for most, words in EPSILON_SCALE if epsilon <= most)
+
+
+def certainty_after(epsilon: float, prior: float) -> float:
+    """The most an attacker ``prior`` sure that a person is in the data can be after the release (prior odds times
+    e^ε; δ aside)."""
+    factor = math.exp(min(epsilon, 700.0))
+    return factor * prior / (factor * prior + 1 - prior)
+
+
+def percent(share: float) -> str:
+    """A share as a percentage with the digits that tell it from 100 %."""
+    for digits in range(1, 8):
+        text = f"{100 * share:.{digits}f}"
+        if float(text) < 100 or digits == 7:
+            return f"{text.rstrip('0').rstrip('.') if digits > 1 else text} %"
+    return "100 %"
+
+
+def unit_name(info: DatasetInfo, dataset: DatasetSettings) -> str:
+    """What one record is called: the holder's ``dataset.unit_name``, else person (with groups) or image."""
+    return dataset.unit_name or ("person" if info.unit == "group" else "image")
+
+
+def data_name(info: DatasetInfo) -> str:
+    """The data set's name as a holder knows it: a folder's or file's own name, else the standard set's."""
+    return Path(info.source).name if info.name in HOLDER_SOURCES and info.source else info.name
 
 
 def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
-              soft_labels: bool, dataset: DatasetSettings, model: Generator | None = None) -> str:
-    """The datasheet's Markdown: the holder's title and description, what the release is, its guarantee (in
-    numbers and in plain words), the generator when ``model`` is released with the images, what was public, images
-    per class, and what it is not."""
-    title = dataset.title or f"Synthetic images imitating `{info.name}`, made with {method.name}"
+              soft_labels: bool, config: Config, model: Generator | None = None) -> str:
+    """The datasheet's Markdown: the holder's title, description, owner, purpose and reason for ε, the verdict on ε,
+    what the release is, its guarantee (in numbers and in plain words), the generator when ``model`` is released with
+    the images, what was public, what was not released, images per class, and what it is not."""
+    dataset = DatasetSettings.of(config)
+    title = dataset.title or f"Synthetic images imitating `{data_name(info)}`, made with {method.name}"
     return "\n".join([
         f"# {title}", "", *([dataset.description, ""] if dataset.description else []),
         "A differentially private synthetic release made by dpsynth. The files this folder's `privacy.json` lists "
         "by SHA-256, and `privacy.json` itself, are the release and may be shared; anything else put here is not.",
-        "", *_what(report, method, info, labels, soft_labels, model), "", *_guarantee(report), "",
-        *_plainly(report, info), "", *_model(report, model), *_public(report, info), "",
-        *_per_class(info, labels, method), "", *_not(report), ""])
+        "", *_record(report, config), "", *_verdict(report, info, dataset), "",
+        *_what(report, method, info, labels, soft_labels, model), "", *_guarantee(report), "",
+        *_plainly(report, info, dataset), "", *_model(report, model), *_public(report, info, config), "",
+        *_unreleased(info, dataset), "", *_per_class(info, labels, method), "", *_not(report, config), ""])
+
+
+def _record(report: dict[str, Any], config: Config) -> list[str]:
+    """Who answers for the release, what it is for, why this ε, and where it stands among the data's releases."""
+    dataset, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
+    missing = "not given (set `{}`)"
+    rows = [("Data owner", dataset.owner or missing.format("dataset.owner")),
+            ("Purpose", ReleaseSettings.of(config).purpose or missing.format("release.purpose")),
+            ("Why this ε", privacy.epsilon_reason or missing.format("privacy.epsilon_reason"))]
+    held = report.get("releases")
+    if held:
+        together = ("no DP guarantee" if held["epsilon"] is None else
+                    f"ε = {held['epsilon']:.4f} at δ = {held['delta']:.3g}")
+        running = f", {held['running']} of them not released yet (counted at its plan)" if held["running"] else ""
+        rows.append(("Releases from this data", f"this is release {held['number']} of {held['listed']} from this data "
+                     f"in the holder's ledger; the {held['counted']} shared {'one' if held['counted'] == 1 else 'ones'}"
+                     f"{running} together: {together}, composed by the {held['accountant']} accountant"))
+    if privacy.total_epsilon is not None:
+        rows.append(("The holder's cap", f"ε = {privacy.total_epsilon:g} for all releases from this data together "
+                                         "(`privacy.total_epsilon`)"))
+    return ["| | |", "| --- | --- |", *(f"| {name} | {value} |" for name, value in rows)]
+
+
+def _verdict(report: dict[str, Any], info: DatasetInfo, dataset: DatasetSettings) -> list[str]:
+    """One line: how strong a promise the chosen ε is, with the odds an attacker ends at."""
+    if not report["dp_guarantee"]:
+        return ["**In one line: no differential-privacy guarantee; do not share this release as private.**"]
+    epsilon, unit = report["epsilon"], unit_name(info, dataset)
+    verdict = epsilon_verdict(epsilon)
+    return [f"**In one line: ε = {epsilon:.2f} per {unit} is {verdict}** on the scale of dpsynth's guide *What ε "
+            f"means* (ε ≤ 1 strong, up to 4 moderate, up to 10 weak, above 10 very weak): {SCALE_WORDS[verdict]}. "
+            f"An attacker 50 % sure that a given {unit} is in the data ends at most "
+            f"{percent(certainty_after(epsilon, 0.5))} sure; one 1 % sure, at most "
+            f"{percent(certainty_after(epsilon, 0.01))}."]
 
 
 def released_shape(info: DatasetInfo) -> tuple[int, int, int]:
@@ -50,11 +126,20 @@ def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.
             *([f"- The generator they were sampled from, in `{MODEL_WEIGHTS}` and `{CARD}` (see The model)."]
               if model is not None else []),
             *_lifted(report),
-            f"- They imitate the training split of `{info.name}` ({info.num_classes} classes).",
+            f"- They imitate the training split of `{data_name(info)}` ({info.num_classes} classes).",
             f"- Method: `{method.name}`, {method.description}.",
             f"- {method.paper.markdown().removeprefix('**Paper:** ')}",
             f"- Made by dpsynth {made['version']} (commit {made['commit'] or 'unknown'}), released "
-            f"{report['released']}."]
+            f"{report['released']}.", *_uncommitted(made['commit'])]
+
+
+def _uncommitted(commit: str | None) -> list[str]:
+    """A warning when the code that made the release was not a commit of dpsynth."""
+    if commit and not commit.endswith("+modified"):
+        return []
+    why = "had uncommitted changes" if commit else "was not a git checkout of dpsynth, so no commit names it"
+    return [f"- **The code that made this release {why}: no published dpsynth can be shown to be the code that ran. "
+            "An auditor should ask for the changes, or the release should be made again from a commit.**"]
 
 
 def _lifted(report: dict[str, Any]) -> list[str]:
@@ -90,21 +175,26 @@ def _guarantee(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _plainly(report: dict[str, Any], info: DatasetInfo) -> list[str]:
+def _plainly(report: dict[str, Any], info: DatasetInfo, dataset: DatasetSettings) -> list[str]:
     """The guarantee in plain words: the odds bound for one unit, delta against 1 / N, the unit, and what DP does
     not hide."""
     if not report["dp_guarantee"]:
         return []
     epsilon, delta, size = report["epsilon"], report["delta"], report["dataset_size"]
-    unit = "person" if info.unit == "group" else "image"
+    unit = unit_name(info, dataset)
+    about = "about " if report["dataset_size_rule"] == "noisy" else ""
     lines = ["## In plain words", "",
              f"- Take any one {unit} of the private data. Whatever anyone concludes from this release about whether "
-             f"that {unit} was in the data, their odds for it are at most e^ε = {math.exp(epsilon):.3g} times what "
-             "they would be had it been left out, whatever else they know; δ is the small probability with which "
-             "this bound may fail.",
-             f"- δ = {delta:.3g} is {delta * size:.2g} of 1/N = {1 / size:.3g} (N = {size:,} {unit}s): " + (
-                 "below 1/N, so δ does not cover releasing even one whole record." if delta * size < 1 else
-                 "NOT below 1/N: a mechanism could release a whole record with probability δ.")]
+             f"that {unit} was in the data, their odds for it are at most e^ε = {_times(math.exp(epsilon))} times what "
+             "they would be had it been left out, whatever else they know. So an attacker 50 % sure beforehand ends "
+             f"at most {percent(certainty_after(epsilon, 0.5))} sure, and one 1 % sure at most "
+             f"{percent(certainty_after(epsilon, 0.01))}.",
+             f"- δ = {delta:.3g} is the chance that this bound fails. " + (
+                 f"It is {1 / (delta * size):.3g} times smaller than 1/N = {1 / size:.3g} for N = {about}{size:,} "
+                 f"{unit}s: a mechanism that published one {unit}'s record in full, chosen at random, would have "
+                 "δ = 1/N, so a δ below it rules that out." if delta * size < 1 else
+                 f"It is NOT below 1/N = {1 / size:.3g} (N = {about}{size:,} {unit}s): a mechanism could publish one "
+                 f"{unit}'s record in full with probability δ. Set privacy.delta lower.")]
     if info.unit == "image":
         lines.append("- The unit is one image. A person with k images in the data is protected as k records: the "
                      f"bound for them is up to e^(kε) (k = 5: {math.exp(5 * epsilon):.3g}) instead. Give the data "
@@ -117,8 +207,12 @@ def _plainly(report: dict[str, Any], info: DatasetInfo) -> list[str]:
                  "images, not a proof of privacy. The proof is the (ε, δ) above; a release can pass that check and "
                  "still leak, or look close to a real image and be private.")
     lines.append("- How to read ε, with the odds at ε = 1 to 10 and how to choose it: the guide *What ε means* in "
-                 "dpsynth's documentation (`docs/guides/epsilon.md` in its source).")
+                 "dpsynth's documentation.")
     return lines
+
+
+def _times(factor: float) -> str:
+    return f"{factor:,.1f}" if factor < 100 else (f"{factor:,.0f}" if factor < 1e9 else f"{factor:.3g}")
 
 
 def _model(report: dict[str, Any], model: Generator | None) -> list[str]:
@@ -144,14 +238,29 @@ def _model(report: dict[str, Any], model: Generator | None) -> list[str]:
             "Both first check the two files against `privacy.json`.", ""]
 
 
-def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
+def _public(report: dict[str, Any], info: DatasetInfo, config: Config) -> list[str]:
+    """Every fact of the data the release shows without noise or decided by a recorded vote: the classes, the shape,
+    the size, the window, the cap on a person's images, and the public images read."""
     voted = SHAPE_STAGE in [stage["name"] for stage in report.get("stages", [])]
+    dataset, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
+    unit = unit_name(info, dataset)
+    about = "about " if report["dataset_size_rule"] == "noisy" else ""
     lines = ["## Treated as public", "",
              f"- The class names ({', '.join(info.class_names)}) and the number of classes.",
              f"- The image size ({' x '.join(map(str, released_shape(info)))}): " + (
                  f"a noisy vote of the images, released as the stage {SHAPE_STAGE} below." if voted else
-                 "declared by the data holder or fixed by the data set's format."),
-             f"- The training set's size, {report['dataset_size']:,}: {SIZE_RULES[report['dataset_size_rule']]}."]
+                 "declared by the data holder (`dataset.resolution`, `dataset.channels`)." if info.name in
+                 HOLDER_SOURCES else "fixed by the data set's format."),
+             f"- The training set's size, {about}{report['dataset_size']:,} {unit}s: "
+             f"{SIZE_RULES[report['dataset_size_rule']]}."]
+    if info.pixel_rule:
+        how = ("voted with the image size" if privacy.noisy_window is not None else
+               "declared by the data holder (`dataset.window`)" if not isinstance(dataset.window, str) else
+               "the rule dpsynth applies to every folder")
+        lines.append(f"- How pixel values became 8 bits: {info.pixel_rule} ({how}).")
+    if info.unit == "group":
+        lines.append(f"- The most of one {unit}'s images a DP-SGD step reads: {privacy.max_images_per_group} "
+                     "(`privacy.max_images_per_group`, declared by the data holder).")
     public = report.get("public_data") or {}
     if not public:
         return [*lines, "- No public image set was read."]
@@ -159,6 +268,17 @@ def _public(report: dict[str, Any], info: DatasetInfo) -> list[str]:
         lines.append(f"- {name}: {digest['distinct_images']:,} distinct images, checked to hold none of the private "
                      f"images; SHA-256 of their fingerprints {digest['fingerprints_sha256']}.")
     return lines
+
+
+def _unreleased(info: DatasetInfo, dataset: DatasetSettings) -> list[str]:
+    """What the data holder keeps: nothing of the private files reaches the release but through the mechanisms."""
+    unit = unit_name(info, dataset)
+    return ["## Not released", "",
+            f"- No private image, file name, folder name or {unit} identifier, and no DICOM header or other file "
+            "metadata: the release holds only the arrays and files listed above.",
+            f"- Not the exact number of {unit}s or images, nor how many images each {unit} or class has.",
+            "- Not the run's log, checkpoints, configuration or evaluation: they stay with the data holder (the "
+            "evaluation compares the release with the real images)."]
 
 
 def _per_class(info: DatasetInfo, labels: np.ndarray, method: Method) -> list[str]:
@@ -172,6 +292,10 @@ REGIME_WORDS = {"learns": "where a recorded run with as much noise and no more s
                 "untested": "between the recorded runs: no record says whether it learns",
                 "fails": "where a recorded run with more signal against its noise over at least half its steps "
                          "learned nothing"}
+
+
+def _selection(config: Config) -> str:
+    return f"{config.get('evaluation', {}).get('selection_epsilon', 1.0):g}"
 
 
 def _regime(report: dict[str, Any]) -> list[str]:
@@ -188,13 +312,15 @@ def _regime(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _not(report: dict[str, Any]) -> list[str]:
+def _not(report: dict[str, Any], config: Config) -> list[str]:
     unit = report["unit"].split(":")[0]
     return ["## What this release is not", "",
             f"- Not a guarantee beyond (ε, δ): it bounds how much the release can change when {unit} is added or "
             "removed, nothing more; what is listed as public above is not protected.",
             "- Not a utility guarantee: nothing here says the images are good for a purpose. Their evaluation "
-            "against real data is private to the data holder and is not part of this release.",
+            "against real data is private to the data holder and is not part of this release; where it selects "
+            f"classifiers on the private validation images it spends ε = {_selection(config)} more on those images, "
+            "in a ledger of its own (its result stays with the holder).",
             *_regime(report),
             "- Not the private data: no private image is released; the images come from the method's model, "
             "population or aligned public images, which read the private data only through the mechanisms above."]

@@ -86,7 +86,7 @@ def _run_and_check(method: str, device: str, root: Path) -> str:
     model = [] if get_method(method).no_generator else ["release.model=true"]
     config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
                             overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}",
-                                       f"run.out_dir={root}"])
+                                       f"run.out_dir={root}", f"privacy.holder_ledger={root / 'releases.json'}"])
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
     run = RunDirectory.create(config)

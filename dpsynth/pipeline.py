@@ -21,13 +21,17 @@ from .api import (
     BudgetPlan,
     PrivacyWarning,
     check_stored_config,
+    check_total_epsilon,
     check_training_regime,
+    data_key,
     dataset_from_config,
     draws_noisy_shape,
     format_derived_plan,
+    holder_ledger,
     noisy_total,
     plan_budget_for,
     planned_config,
+    planned_release,
     release_upscaler,
     resolve_delta,
     training_dataset,
@@ -54,7 +58,7 @@ from .config import (
 )
 from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
-from .datasheet import datasheet
+from .datasheet import datasheet, unit_name
 from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
@@ -62,6 +66,7 @@ from .hardware import AUTO, hardware_choices, thread_governor
 from .methods import get_method
 from .methods.base import Method
 from .models.upscaler import SavedUpscaler
+from .officer import OFFICER_PAGE, near_chance, write_officer_page
 from .privacy import (
     Accountant,
     GaussianMechanism,
@@ -73,6 +78,7 @@ from .privacy import (
     non_private_stages,
 )
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
+from .privacy.releases import total
 from .provenance import provenance, public_data_digests
 from .report import write_run_report
 from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
@@ -101,6 +107,7 @@ def start(config: Config, began: float | None = None) -> RunDirectory:
     budget = plan_budget_for(config, dataset.info)
     regime = training_regime(config, dataset.info, budget)
     check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
+    check_total_epsilon(config, dataset.info, budget, run="")  # likewise the holder's cap on all releases
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
     if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
         check_upscaler(config, dataset.info, full, world.device(device))
@@ -249,6 +256,8 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     settings = fixed_settings(config)
     run_settings = RunSettings.of(config)
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
+    if world.is_main:
+        _enter_release(run, config, dataset.info, budget)
     drawn = ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE), (IMAGES_STAGE, IMAGES_NOISE))
     for stage, noise in drawn:  # drawn before the first checkpoint
         if stage in plan and stage not in ledger.stages():
@@ -271,6 +280,29 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
                          group_cap=PrivacySettings.of(config).max_images_per_group)
     method.fit(context)
     return method, context, budget
+
+
+def _enter_release(run: RunDirectory, config: Config, info: DatasetInfo, budget: BudgetPlan) -> None:
+    """Enter the run in the holder's ledger at its plan before its first mechanism, once the holder's cap
+    (``privacy.total_epsilon``) allows it; a run entered before (resumed) is left as it stands."""
+    path = str(run.path.resolve())
+    if any(entry.run == path for entry in holder_ledger(config).releases()):
+        return
+    check_total_epsilon(config, info, budget, path)
+    holder_ledger(config).begin(planned_release(config, info, budget, path))
+
+
+def _released(run: RunDirectory, config: Config, ledger: PrivacyLedger, report: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the run's entry in the holder's ledger with what it spent; for privacy.json, where the release stands
+    among every release from the same data: its number, how many count, and their ε composed."""
+    path, held = str(run.path.resolve()), holder_ledger(config)
+    held.release(path, ledger.stages(), report["epsilon"])
+    every = held.releases(data_key(config))
+    counted = [entry for entry in every if entry.shared]
+    together = total(counted, report["accountant"])
+    return {"number": [entry.run for entry in every].index(path) + 1, "listed": len(every), "counted": len(counted),
+            "running": sum(entry.status == "running" for entry in counted), "epsilon": together.epsilon,
+            "delta": together.delta, "accountant": together.accountant}
 
 
 def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
@@ -310,6 +342,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
               "training_regime": _regime_report(config, dataset.info, budget),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
               "public_data": public_data_digests(method.public_data(dataset.info))}
+    report["releases"] = _released(run, config, ledger, report)
     release_stream = secret_generator(stream_key(run_settings.seed, "release"))
     start = time.perf_counter()
     generated = method.generate(SamplingSettings.of(config).num_samples, release_stream)
@@ -326,10 +359,11 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     if model is not None:
         model.save(run.file(RELEASE), report["dpsynth"])
     run.write_datasheet(datasheet(report, method, dataset.info, generated.labels.cpu().numpy(),
-                                  generated.soft_labels is not None, DatasetSettings.of(config), model))
+                                  generated.soft_labels is not None, config, model))
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)
+    write_officer_page(run)
     run.log("released", epsilon=report["epsilon"], samples=len(generated.labels), sampling_seconds=seconds,
             **generated.sampling, **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
@@ -405,6 +439,13 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
                                    EvaluationSettings.of(config), selection, accountant, delta, run.path, device,
                                    run.file(LOG), run.method_metrics())
     write_run_report(run)
+    write_officer_page(run)
+    for name, result in metrics.get("accuracy", {}).items():
+        if near_chance(result["test_accuracy"], dataset.info.num_classes):
+            warnings.warn(f"a {name} classifier trained on the release scores {100 * result['test_accuracy']:.1f} % "
+                          f"on the real test images, near chance ({100 / dataset.info.num_classes:.1f} %): the "
+                          f"release shows almost nothing of the classes ({run.file(OFFICER_PAGE)} says so to the "
+                          "officer)", UserWarning, stacklevel=2)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")}, **_cuda_peak(device))
     return metrics
 
@@ -462,9 +503,10 @@ def _unit(info: DatasetInfo, config: Config) -> str:
     """What one record is, in words: an image, or a group of images (dataset_size then counts groups)."""
     if info.unit == "image":
         return "one image"
-    cap = PrivacySettings.of(config).max_images_per_group
-    return (f"one group of images (a person, say): each DP-SGD step reads at most {cap} of a group's images; "
-            "every other mechanism weighs a group's images 1 / their number")
+    cap, name = PrivacySettings.of(config).max_images_per_group, unit_name(info, DatasetSettings.of(config))
+    source = f", from {info.group_source}" if info.group_source else ""
+    return (f"one {name} (all of a {name}'s images{source}): each DP-SGD step reads "
+            f"at most {cap} of a {name}'s images; every other mechanism weighs a {name}'s images 1 / their number")
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,

@@ -62,8 +62,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def evaluation_ledgers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's model-selection ledgers (``dpsynth evaluate``) in its own folder, not the user's."""
+    """Each test's model-selection ledgers (``dpsynth evaluate``) and holder's ledger of releases in its own folder,
+    not the user's."""
     monkeypatch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path / "evaluation-ledgers"))
+    monkeypatch.setenv("DPSYNTH_RELEASES", str(tmp_path / "releases.json"))
     return tmp_path / "evaluation-ledgers"
 
 
@@ -206,7 +208,7 @@ def assert_killed_run_resumes_to(clean_dir: Path, args: list[str], matches: Call
 # Appended to a copy of the page: once it has loaded, what it shows, as JSON in a <pre id="probe">.
 PROBE = """<script>window.addEventListener("load", () => {
   const shown = {images: [...document.images].map(i => ({alt: i.alt, loaded: i.complete && i.naturalWidth > 0})),
-                 epsilon: document.getElementById("epsilon").textContent, text: document.body.innerText};
+                 epsilon: document.getElementById("epsilon")?.textContent ?? null, text: document.body.innerText};
   const pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(shown);
   document.body.appendChild(pre);
 });</script>"""

@@ -215,7 +215,7 @@ def test_a_grouped_run_releases_with_one_group_as_the_unit(tmp_path):
     run = finished_run("dpdm", "--dataset", "npz", "--data-dir", str(tmp_path / "scans.npz"), "--epsilon", "8",
                        *[arg for pair in tiny for arg in ("--set", pair)])
     privacy = json.loads((run / "release" / "privacy.json").read_text())
-    assert privacy["unit"].startswith("one group of images") and "at most 2 of a group's images" in privacy["unit"]
+    assert privacy["unit"].startswith("one person (") and "at most 2 of a person's images" in privacy["unit"]
     assert privacy["dataset_size"] == 48 and privacy["dataset_size_rule"] == "declared"  # 60 people less 2 x 10 %
     steps = privacy["stages"][0]["mechanisms"][0]
     assert steps["sample_rate"] == pytest.approx(8 / 48)
@@ -238,6 +238,6 @@ def test_every_mechanism_runs_over_groups_spanning_classes(tmp_path, method):
                                        f"run.out_dir={tmp_path}"])
     run = start(config).path  # the Python API
     privacy = json.loads((run / "release" / "privacy.json").read_text())
-    assert privacy["unit"].startswith("one group of images") and privacy["epsilon"] <= 8
+    assert privacy["unit"].startswith("one person (") and privacy["epsilon"] <= 8
     ledger = json.loads((run / "ledger.json").read_text())
     assert "parallel" not in json.dumps(ledger)  # a group's images may be of several classes

@@ -143,8 +143,8 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
     assert SIZE_STAGE not in [stage["name"] for stage in report["stages"]]
     sheet = declared.file("release/README.md").read_text()
     assert sheet.startswith("# Digits of 2026\n\nScanned by the clinic; for training triage models.\n")
-    assert f"at most e^ε = {math.exp(report['epsilon']):.3g} times" in sheet
-    assert f"1/N = {1 / 1440:.3g} (N = 1,440 images): below 1/N" in sheet
+    assert f"at most e^ε = {math.exp(report['epsilon']):,.0f} times" in sheet
+    assert f"times smaller than 1/N = {1 / 1440:.3g} for N = 1,440 images" in sheet
     assert "The unit is one image. A person with k images" in sheet and "facts about the population" in sheet
     assert "the same number of images of every class (up to one)" in sheet and "not a proof of privacy" in sheet
 

@@ -205,7 +205,8 @@ def test_a_scan_folder_of_16_bit_pngs_and_dicom_files_runs_end_to_end(tmp_path):
     assert "unit of privacy: one group of images (a person; from a sub-folder per person)" in done.out
     run = next((tmp_path / "runs").iterdir())
     report = json.loads((run / "release" / "privacy.json").read_text())
-    assert report["stages"][0]["name"] == "dataset-shape" and report["unit"].startswith("one group")
+    assert report["stages"][0]["name"] == "dataset-shape"
+    assert report["unit"].startswith("one person (all of a person's images, from a sub-folder per person)")
     with np.load(run / "release" / "synthetic.npz") as release:
         assert release["images"].shape[1:] in ((1, 28, 28), (3, 28, 28))
     window = yaml.safe_load((run / "config.yaml").read_text())["privacy"]["noisy_window"]

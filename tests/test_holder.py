@@ -1,0 +1,106 @@
+"""The holder's side of a release: every release from one data set in the holder's ledger, composed and capped, and
+the datasheet an officer signs."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from conftest import shown_in_browser
+from PIL import Image
+
+from dpsynth.api import resolve_config
+from dpsynth.cli import main
+from dpsynth.doctor import COMMON
+from dpsynth.errors import ConfigError
+from dpsynth.methods import METHODS
+from dpsynth.pipeline import start
+from dpsynth.privacy import Accountant, PrivacyLedger
+from dpsynth.privacy.releases import HolderLedger, store_path
+
+MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
+
+
+def write_patients(root, patients: int = 12, scans: int = 2) -> None:
+    """Two class folders of a sub-folder per patient, each holding ``scans`` grey 28 x 28 PNGs."""
+    rng = np.random.default_rng(0)
+    for patient in range(patients):
+        folder = root / ("healthy" if patient % 2 else "sick") / f"patient-{patient:03d}"
+        folder.mkdir(parents=True)
+        for scan in range(scans):
+            Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(folder / f"scan-{scan}.png")
+
+
+def release(tmp_path, *extra: str):
+    config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / "scans"), epsilon=2.0, preset="cpu",
+                            overrides=[*MERF, f"run.out_dir={tmp_path / 'runs'}", "privacy.dataset_size=12",
+                                       "dataset.val_size=1", "dataset.test_size=1", "dataset.resolution=28",
+                                       "dataset.channels=1", *extra])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny configuration's own warnings
+        return start(config)
+
+
+def test_a_folder_released_twice_shows_both_and_their_composed_epsilon_and_a_cap_refuses_the_third(tmp_path, capsys):
+    write_patients(tmp_path / "scans")
+    first, second = release(tmp_path), release(tmp_path)
+    held = HolderLedger().releases()
+    assert store_path() == tmp_path / "releases.json" and [entry.run for entry in held] == [
+        str(first.path.resolve()), str(second.path.resolve())]
+    assert {entry.status for entry in held} == {"released"} and {entry.unit for entry in held} == {"a group (person)"}
+    assert oct((tmp_path / "releases.json").stat().st_mode & 0o777) == "0o600"
+    ledgers = [PrivacyLedger.load(run.file("ledger.json")) for run in (first, second)]
+    delta = min(json.loads(run.file("release/privacy.json").read_text())["delta"] for run in (first, second))
+    together = Accountant("rdp").epsilon([*ledgers[0].events(), *ledgers[1].events()], delta)
+    report = json.loads(second.file("release/privacy.json").read_text())["releases"]
+    assert report["number"] == 2 and report["counted"] == 2 and report["epsilon"] == pytest.approx(together)
+    assert 2.0 < together < 4.0  # composed, not summed: below 2 x 2
+    assert "release 2 of 2 from this data" in second.file("release/README.md").read_text()
+
+    assert main(["budget", str(tmp_path / "scans")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("released") >= 2 and f"all 2 together: ε = {together:.4f}" in shown
+
+    before = len(HolderLedger().releases())
+    with pytest.raises(ConfigError, match=r"privacy.total_epsilon = 4: .* 2 earlier release\(s\)"):
+        release(tmp_path, "privacy.total_epsilon=4")
+    assert len(HolderLedger().releases()) == before and len(list((tmp_path / "runs").iterdir())) == 2
+
+    assert main(["budget", "--not-shared", str(first.path)]) == 0  # the first never left the hospital
+    third = release(tmp_path, "privacy.total_epsilon=4")
+    assert len(HolderLedger().releases()) == 3 and not HolderLedger().releases()[0].shared
+    assert json.loads(third.file("release/privacy.json").read_text())["releases"]["counted"] == 2
+
+
+def test_the_datasheet_of_a_folder_run_gives_the_officer_the_verdict_the_public_facts_and_who_answers(tmp_path,
+                                                                                                   capsys):
+    write_patients(tmp_path / "scans")
+    run = release(tmp_path, "dataset.owner=St Elsewhere radiology", "release.purpose=teaching a triage model",
+                  "privacy.epsilon_reason=agreed with the ethics board", "dataset.unit_name=patient")
+    sheet = run.file("release/README.md").read_text()
+    report = json.loads(run.file("release/privacy.json").read_text())
+    for said in ("| Data owner | St Elsewhere radiology |", "| Purpose | teaching a triage model |",
+                 "| Why this ε | agreed with the ethics board |", "release 1 of 1 from this data",
+                 f"**In one line: ε = {report['epsilon']:.2f} per patient is a moderate promise**",
+                 "An attacker 50 % sure that a given patient is in the data ends at most 88",
+                 "Synthetic images imitating `scans`", "the chance that this bound fails",
+                 "for N = 10 patients", "(`privacy.max_images_per_group`, declared by the data holder)",
+                 "declared by the data holder (`dataset.resolution`, `dataset.channels`)",
+                 "No private image, file name, folder name or patient identifier, and no DICOM header",
+                 "it spends ε = 1 more on those images"):
+        assert said in sheet, said
+    assert "docs/" not in sheet and "a person, say" not in sheet and "(a patient" not in report["unit"]
+    assert report["unit"].startswith("one patient (all of a patient's images, from a sub-folder per person)")
+    small = ["--set", "evaluation.num_synthetic=20", "--set", "evaluation.num_real=10", "--set",
+             "evaluation.classifiers=[cnn]", "--set", "evaluation.classifier_epochs=1", "--set",
+             "evaluation.classifier_seeds=1", "--set", "evaluation.kid_subset_size=5", "--set",
+             "evaluation.kid_subsets=2", "--set", f"evaluation.cache_dir={tmp_path / 'cache'}", "--device", "cpu"]
+    assert main(["evaluate", str(run.path), *small]) == 0
+    assert "near chance (50.0 %)" in capsys.readouterr().err
+    shown = shown_in_browser(run.file("officer.html"))["text"]
+    for said in ("Data owner", "St Elsewhere radiology", "per patient is a moderate promise", "Treated as public",
+                 "For the data holder only: the release's evaluation", "Near chance:", "FID", "Sign-off",
+                 "Choosing the classifiers on the private validation images spent ε = 0.94"):
+        assert said in shown, said
+    assert "For the data holder only" not in sheet
