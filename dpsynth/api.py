@@ -407,13 +407,14 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
     (:mod:`dpsynth.autoplan`), its training side chosen by :func:`with_training_side`; a fixed preset checked to
     fit the data.
 
-    A derived plan reads N, so where the size is private it follows the noisy count, which ``draw_size`` (a run)
-    draws now, before the plan (``privacy.noisy_dataset_size``; the run records its mechanism); without it (a
-    plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses it."""
+    A plan (derived, or a fixed preset's check) reads N, so where the size is private it follows the noisy count,
+    which ``draw_size`` (a run) draws now, before the plan (``privacy.noisy_dataset_size``; the run records its
+    mechanism); without it (a plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses
+    it."""
     from .autoplan.plan import derive_config
 
     began = time.perf_counter()
-    if draw_size and config["preset"] == "auto" and with_public_size(config, dataset).info.size_rule == "private":
+    if draw_size and with_public_size(config, dataset).info.size_rule == "private":
         config = copy.deepcopy(config)
         config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
     dataset = with_public_size(config, dataset)

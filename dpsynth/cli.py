@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
-from .errors import AuditFailure, DpsynthError
+from .errors import AuditCrash, AuditFailure, DpsynthError
 from .methods import METHODS, shortcuts
 from .provenance import version_line
 
@@ -242,6 +242,21 @@ def _budget(args: argparse.Namespace) -> None:
                   "person with k images only as k records")
 
 
+def _clean(args: argparse.Namespace) -> None:
+    from .config import DatasetSettings
+    from .data.folder import clear_cache
+    from .evaluation.cache import default_cache_dir
+
+    folders = [Path(DatasetSettings.cache_dir).expanduser(), *(Path(path).expanduser() for path in args.cache_dir)]
+    features = default_cache_dir() / "features"
+    for folder, what in [*((folder, "decoded private images") for folder in folders),
+                         (features, "Inception features of real images")]:
+        files, size = clear_cache(folder)
+        print(f"{folder}: removed {files:,} file(s), {size / 2 ** 20:,.1f} MiB ({what})")
+    print("kept: the holder's ledger of releases and the evaluation's selection ledgers (~/.local/share/dpsynth), "
+          "the public upscalers, and every run directory (delete those you no longer need yourself)")
+
+
 def _without_nproc(argv: Sequence[str]) -> list[str]:
     """``argv`` less its ``--nproc N`` / ``--nproc=N``."""
     kept, skip = [], False
@@ -457,7 +472,13 @@ def _audit(args: argparse.Namespace) -> None:
           f"(delta = {args.delta:g})")
     above = []
     for name in names:
-        result = run_audit(name, AUDITS[name](), args.trials, args.delta, args.seed)
+        try:
+            result = run_audit(name, AUDITS[name](), args.trials, args.delta, args.seed)
+        except DpsynthError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to run is a crash, never a pass or a leak
+            raise AuditCrash(f"audit of {name} crashed before it could find or rule out a leak: "
+                             f"{type(exc).__name__}: {exc}") from exc
         if result.lower_bound > result.claimed_epsilon:
             above.append(name)
         print(f"{name:<22} {result.claimed_epsilon:>11.3f} {result.lower_bound:>18.3f} {result.trials:>8} "
@@ -594,6 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "~/.local/share/dpsynth/releases.json)")
     budget.set_defaults(handler=_budget)
 
+    clean = commands.add_parser("clean", help="remove every private cache: decoded images of your folders (partial "
+                                              "files of stopped runs included) and features of real images")
+    clean.add_argument("--cache-dir", action="append", default=[], metavar="DIR",
+                       help="a dataset.cache_dir you set for some runs, besides the default (repeatable)")
+    clean.set_defaults(handler=_clean)
+
     run = commands.add_parser("run", help="train a method on a private dataset and release synthetic images")
     run.add_argument("method", nargs="?", help=f"one of: {', '.join(sorted(METHODS))}")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a crashed or stopped run")
@@ -663,7 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=_doctor)
 
     audit = commands.add_parser("audit", help="empirical lower bounds on epsilon of each mechanism (canary tests); "
-                                "exits 1 when a bound exceeds its mechanism's claim")
+                                "exits 1 when a bound exceeds its mechanism's claim, 3 when an audit "
+                                "crashes")
     audit.add_argument("mechanisms", nargs="+", metavar="MECHANISM",
                        help="all (every mechanism the methods run), or names from the table it prints; "
                             "broken-gaussian-sum and broken-group-step are wrong on purpose and must fail")

@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-SCHEMA = 4  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+SCHEMA = 5  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
 
 
 S = TypeVar("S")
@@ -382,13 +382,15 @@ def migrate(config: Config, source: str) -> Config:
     ``privacy.noisy_window``: its 16-bit images were not read, so the defaults keep its behaviour; schema 2 lacks
     ``release.model``, false as its runs released no model; schema 3 lacks ``plan.force``, false as no plan was
     refused then, ``dataset.train_resolution``, ``release.upscaler`` and ``privacy.noisy_images_per_group``, unused
-    as it trained at the data's side and priced a group's step at the cap), and one without ``schema`` (schema 0)
+    as it trained at the data's side and priced a group's step at the cap; schema 4 lacks ``dataset.owner``,
+    ``dataset.unit_name``, ``release.purpose``, ``privacy.epsilon_reason``, ``privacy.total_epsilon`` and
+    ``privacy.holder_ledger``, all unset then), and one without ``schema`` (schema 0)
     :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the fix for a
     schema this dpsynth does not know."""
     version = config.get("schema", 0)
     if version == SCHEMA:
         return config
-    if version not in (0, 1, 2, 3):
+    if version not in (0, 1, 2, 3, 4):
         raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
                           "read it with the dpsynth that wrote it, or upgrade dpsynth")
     migrated: Config = {"schema": SCHEMA, **{key: copy.deepcopy(value) for key, value in config.items()

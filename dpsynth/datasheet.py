@@ -21,9 +21,9 @@ EPSILON_SCALE = ((1.0, "a strong promise"), (4.0, "a moderate promise"), (10.0, 
                  (math.inf, "a very weak promise"))
 SCALE_WORDS = {"a strong promise": "an attacker's certainty can grow only a little",
                "a moderate promise": "it bounds an attacker's certainty, though not tightly",
-               "a weak promise": "the bound on an attacker's certainty is loose; the field's papers report ε up to "
-                                 "10 because measured attacks stay far below it, but only the bound is guaranteed",
-               "a very weak promise": "the bound says almost nothing an individual can rely on"}
+               "a weak promise": "the bound is loose; the field's papers report ε up to 10 because measured attacks "
+                                 "stay far below it, but only the bound is guaranteed",
+               "a very weak promise": "the bound says almost nothing a person can rely on"}
 
 
 def epsilon_verdict(epsilon: float) -> str:
@@ -39,12 +39,11 @@ def certainty_after(epsilon: float, prior: float) -> float:
 
 
 def percent(share: float) -> str:
-    """A share as a percentage with the digits that tell it from 100 %."""
-    for digits in range(1, 8):
-        text = f"{100 * share:.{digits}f}"
-        if float(text) < 100 or digits == 7:
-            return f"{text.rstrip('0').rstrip('.') if digits > 1 else text} %"
-    return "100 %"
+    """``share`` as a percentage with the fewest decimals (at least one) that keep it below 100 %."""
+    decimals = 1
+    while decimals < 4 and round(100 * share, decimals) >= 100:
+        decimals += 1
+    return f"{100 * share:.{decimals}f} %"
 
 
 def unit_name(info: DatasetInfo, dataset: DatasetSettings) -> str:

@@ -25,6 +25,13 @@ class AuditFailure(DpsynthError):
     exit_code = 1
 
 
+class AuditCrash(DpsynthError):
+    """A privacy audit could not run a mechanism (an error, not a finding): ``dpsynth audit`` exits 3, so a script
+    tells a crash from a leak (1) and from bad input (2)."""
+
+    exit_code = 3
+
+
 class OutOfMemory(DpsynthError):
     """Device memory ran out while ``doing``: the setting to lower and the command (``retry``, whose run directory
     may still be the placeholder RUN_DIR) that continues with half of it."""

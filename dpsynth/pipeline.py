@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -186,6 +187,7 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
                               "its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     validate_config(config)  # release.model=true for a method that has no model to release, say
+    config = _with_shape(run, config)
     full = dataset_from_config(config)
     dataset = training_dataset(config, full)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
@@ -280,6 +282,23 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
                          group_cap=PrivacySettings.of(config).max_images_per_group)
     method.fit(context)
     return method, context, budget
+
+
+def _with_shape(run: RunDirectory, config: Config) -> Config:
+    """The run's config with its shape drawn by the DP vote and written to config.yaml where the vote decides it and
+    none was drawn yet (a bench cell before its first start); DpsynthError for a run that trained at a shape the exact
+    images chose (started by a dpsynth before the vote): it cannot resume under the rule that keeps the shape
+    private."""
+    if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
+        return config
+    if run.file(CHECKPOINT).exists():
+        raise DpsynthError(f"{run.path}: this run was started by a dpsynth that read the folder at the shape its exact "
+                           "images chose (dataset.resolution or dataset.channels auto, no privacy.noisy_shape); it "
+                           "cannot resume under the rule that decides the shape by a DP vote: start it again, or "
+                           "declare the shape (dataset.resolution, dataset.channels) for the new run")
+    config = with_noisy_shape(config)
+    run.write_config(config)
+    return config
 
 
 def _enter_release(run: RunDirectory, config: Config, info: DatasetInfo, budget: BudgetPlan) -> None:
@@ -442,10 +461,10 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     write_officer_page(run)
     for name, result in metrics.get("accuracy", {}).items():
         if near_chance(result["test_accuracy"], dataset.info.num_classes):
-            warnings.warn(f"a {name} classifier trained on the release scores {100 * result['test_accuracy']:.1f} % "
-                          f"on the real test images, near chance ({100 / dataset.info.num_classes:.1f} %): the "
-                          f"release shows almost nothing of the classes ({run.file(OFFICER_PAGE)} says so to the "
-                          "officer)", UserWarning, stacklevel=2)
+            print(f"dpsynth: warning: a {name} classifier trained on the release scores "
+                  f"{100 * result['test_accuracy']:.1f} % on the real test images, near chance "
+                  f"({100 / dataset.info.num_classes:.1f} %): the release shows almost nothing of the classes "
+                  f"({run.file(OFFICER_PAGE)} says so to the officer)", file=sys.stderr, flush=True)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")}, **_cuda_peak(device))
     return metrics
 

@@ -46,6 +46,7 @@ from dpsynth.autoplan.rules import MAX_SAMPLE_RATE, STEP_TARGET, dpsgd_steps
 from dpsynth.bench import frontier, plans, recipes, record
 from dpsynth.cli import build_parser
 from dpsynth.config_reference import config_table
+from dpsynth.datasheet import certainty_after, percent
 from dpsynth.errors import DpsynthError
 from dpsynth.methods import METHODS, get_method
 
@@ -143,14 +144,6 @@ def command_help(parser: argparse.ArgumentParser) -> str:
     return "\n\n".join(sections)
 
 
-def _percent(share: float) -> str:
-    """``share`` as a percentage with the fewest decimals (at least one) that keep it below 100 %."""
-    decimals = 1
-    while decimals < 4 and round(100 * share, decimals) >= 100:
-        decimals += 1
-    return f"{100 * share:.{decimals}f} %"
-
-
 FLOOR_SIZES = (300, 1000, 3000)
 
 
@@ -173,9 +166,9 @@ def odds(epsilons: list[float]) -> str:
             "1 % sure becomes at most |", "| --- | --- | --- | --- |"]
     for epsilon in epsilons:
         factor = math.exp(epsilon)
-        after = [factor * prior / (factor * prior + 1 - prior) for prior in (0.5, 0.01)]
+        after = [certainty_after(epsilon, prior) for prior in (0.5, 0.01)]
         shown = f"{factor:,.1f}" if factor < 100 else f"{factor:,.0f}"
-        rows.append(f"| {epsilon:g} | {shown} | {_percent(after[0])} | {_percent(after[1])} |")
+        rows.append(f"| {epsilon:g} | {shown} | {percent(after[0])} | {percent(after[1])} |")
     return "\n".join(rows)
 
 

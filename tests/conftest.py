@@ -24,6 +24,7 @@ import threadpoolctl
 import torch
 
 from dpsynth.cli import main
+from dpsynth.data import load_dataset
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
 
@@ -61,11 +62,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def evaluation_ledgers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def evaluation_ledgers(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                       ) -> Path:
     """Each test's model-selection ledgers (``dpsynth evaluate``) and holder's ledger of releases in its own folder,
     not the user's."""
     monkeypatch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path / "evaluation-ledgers"))
-    monkeypatch.setenv("DPSYNTH_RELEASES", str(tmp_path / "releases.json"))
+    monkeypatch.setenv("DPSYNTH_RELEASES", str(tmp_path_factory.mktemp("holder") / "releases.json"))
     return tmp_path / "evaluation-ledgers"
 
 
@@ -239,3 +241,14 @@ def assert_report_matches(run: Path) -> dict:
     assert shown["epsilon"] == (f"{epsilon:.4f}" if epsilon is not None else "none")
     assert "The release, which may be shared: the folder release/" in shown["text"]
     return shown
+
+
+@pytest.fixture
+def own_npz(tmp_path) -> str:
+    """All 1,797 of scikit-learn's digits as an npz: own data, whose number of images is not public."""
+    digits = load_dataset("digits")
+    images = torch.cat([digits.train.images, digits.val.images, digits.test.images])
+    labels = torch.cat([digits.train.labels, digits.val.labels, digits.test.labels])
+    np.savez(tmp_path / "own.npz", images=images.numpy(), labels=labels.numpy(),
+             class_names=np.asarray(digits.info.class_names))
+    return str(tmp_path / "own.npz")

@@ -80,7 +80,7 @@ def test_a_schema_2_file_reads_as_it_ran_releasing_no_model():
     del old["release"]
     migrated = load_config(dump_config(old), "config.yaml")
     check_stored_config(migrated, "config.yaml")
-    assert migrated == config and migrated["release"] == {"model": False, "upscaler": "default"}
+    assert migrated == config and migrated["release"] == {"model": False, "upscaler": "default", "purpose": None}
 
 
 def test_a_schema_3_file_reads_as_it_ran_at_the_data_side_unforced():
@@ -93,6 +93,18 @@ def test_a_schema_3_file_reads_as_it_ran_at_the_data_side_unforced():
     check_stored_config(migrated, "config.yaml")
     assert migrated == config and migrated["plan"]["force"] is False
     assert migrated["dataset"]["train_resolution"] == "auto"
+
+
+def test_a_schema_4_file_reads_as_it_ran_with_no_holder_fields_and_no_cap():
+    config = resolve_config("dpdm", dataset="digits", preset="cpu")
+    old = {**copy.deepcopy(config), "schema": 4}
+    holder = (("dataset", "owner"), ("dataset", "unit_name"), ("release", "purpose"), ("privacy", "epsilon_reason"),
+              ("privacy", "total_epsilon"), ("privacy", "holder_ledger"))
+    for section, key in holder:
+        del old[section][key]
+    migrated = load_config(dump_config(old), "config.yaml")
+    check_stored_config(migrated, "config.yaml")
+    assert migrated == config and all(migrated[section][key] is None for section, key in holder)
 
 
 def test_a_newer_schema_is_refused_with_the_fix():

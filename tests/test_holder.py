@@ -3,7 +3,9 @@ the datasheet an officer signs."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +14,11 @@ from PIL import Image
 
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
+from dpsynth.datasheet import SCALE_WORDS, certainty_after, epsilon_verdict, percent
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS
+from dpsynth.officer import near_chance
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, PrivacyLedger
 from dpsynth.privacy.releases import HolderLedger, store_path
@@ -22,14 +26,14 @@ from dpsynth.privacy.releases import HolderLedger, store_path
 MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
 
-def write_patients(root, patients: int = 12, scans: int = 2) -> None:
-    """Two class folders of a sub-folder per patient, each holding ``scans`` grey 28 x 28 PNGs."""
+def write_patients(root, patients: int = 12, scans: int = 2, side: int = 28) -> None:
+    """Two class folders of a sub-folder per patient, each holding ``scans`` grey ``side`` x ``side`` PNGs."""
     rng = np.random.default_rng(0)
     for patient in range(patients):
         folder = root / ("healthy" if patient % 2 else "sick") / f"patient-{patient:03d}"
         folder.mkdir(parents=True)
         for scan in range(scans):
-            Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(folder / f"scan-{scan}.png")
+            Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).save(folder / f"scan-{scan}.png")
 
 
 def release(tmp_path, *extra: str):
@@ -46,10 +50,10 @@ def test_a_folder_released_twice_shows_both_and_their_composed_epsilon_and_a_cap
     write_patients(tmp_path / "scans")
     first, second = release(tmp_path), release(tmp_path)
     held = HolderLedger().releases()
-    assert store_path() == tmp_path / "releases.json" and [entry.run for entry in held] == [
+    assert store_path().name == "releases.json" and [entry.run for entry in held] == [
         str(first.path.resolve()), str(second.path.resolve())]
     assert {entry.status for entry in held} == {"released"} and {entry.unit for entry in held} == {"a group (person)"}
-    assert oct((tmp_path / "releases.json").stat().st_mode & 0o777) == "0o600"
+    assert oct(store_path().stat().st_mode & 0o777) == "0o600"
     ledgers = [PrivacyLedger.load(run.file("ledger.json")) for run in (first, second)]
     delta = min(json.loads(run.file("release/privacy.json").read_text())["delta"] for run in (first, second))
     together = Accountant("rdp").epsilon([*ledgers[0].events(), *ledgers[1].events()], delta)
@@ -97,10 +101,25 @@ def test_the_datasheet_of_a_folder_run_gives_the_officer_the_verdict_the_public_
              "evaluation.classifier_seeds=1", "--set", "evaluation.kid_subset_size=5", "--set",
              "evaluation.kid_subsets=2", "--set", f"evaluation.cache_dir={tmp_path / 'cache'}", "--device", "cpu"]
     assert main(["evaluate", str(run.path), *small]) == 0
-    assert "near chance (50.0 %)" in capsys.readouterr().err
+    accuracy = json.loads(run.file("metrics.json").read_text())["accuracy"]["cnn"]["test_accuracy"]
+    assert ("near chance (50.0 %)" in capsys.readouterr().err) == near_chance(accuracy, 2)  # 2 test images of noise
     shown = shown_in_browser(run.file("officer.html"))["text"]
     for said in ("Data owner", "St Elsewhere radiology", "per patient is a moderate promise", "Treated as public",
-                 "For the data holder only: the release's evaluation", "Near chance:", "FID", "Sign-off",
-                 "Choosing the classifiers on the private validation images spent ε = 0.94"):
+                 "For the data holder only: the release's evaluation", f"scores {100 * accuracy:.1f} % on 2 real test",
+                 "FID", "Sign-off", "Choosing the classifiers on the private validation images spent ε = 0.94"):
         assert said in shown, said
+    assert ("Near chance:" in shown) == near_chance(accuracy, 2)
     assert "For the data holder only" not in sheet
+
+
+def test_the_datasheets_verdict_is_the_guides_scale():
+    guide = (Path(__file__).parents[1] / "docs/guides/epsilon.md").read_text()
+    rows = re.findall(r"^\| (up to 1|above [\d, up to]+) \| (\w+(?: \w+)?) \| (.+) \|$", guide, re.MULTILINE)
+    assert [(f"a {promise} promise", words) for _, promise, words in rows] == list(SCALE_WORDS.items())
+    assert [epsilon_verdict(epsilon) for epsilon in (0.5, 1, 1.01, 4, 8, 10, 10.5)] == [
+        "a strong promise", "a strong promise", "a moderate promise", "a moderate promise", "a weak promise",
+        "a weak promise", "a very weak promise"]
+    assert certainty_after(10, 0.5) == pytest.approx(0.99995, abs=1e-5)
+    assert percent(0.99995) == "99.995 %" and percent(0.881) == "88.1 %"
+    assert [near_chance(accuracy, 10) for accuracy in (0.1, 0.18, 0.19)] == [True, True, False]
+    assert [near_chance(accuracy, 2) for accuracy in (0.5, 0.54, 0.56)] == [True, True, False]

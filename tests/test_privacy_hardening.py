@@ -2,21 +2,33 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from conftest import idx_bytes, secret_stream
+from conftest import idx_bytes, secret_stream, write_idx_set
+from test_holder import MERF, write_patients
 from torch import nn
 
-from dpsynth.api import resolve_config
+from dpsynth.api import SHAPE_STAGE, dataset_from_config, plan_budget_for, planned_config, resolve_config
+from dpsynth.audit import AUDITS
+from dpsynth.autoplan.plan import plan_inputs
+from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import FINGERPRINTS, check_disjoint, fingerprints
+from dpsynth.data.folder import load_folder
+from dpsynth.data.sources import LoadOptions
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
-from dpsynth.errors import DataError, PrivacyError, PrivacyWarning
+from dpsynth.errors import DataError, DpsynthError, PrivacyError, PrivacyWarning
 from dpsynth.methods import get_method
-from dpsynth.pipeline import start, user_seed
+from dpsynth.pipeline import resume, start, user_seed
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,
@@ -179,3 +191,89 @@ def test_a_non_finite_per_example_gradient_is_dropped_not_spread():
                    noise=secret_stream())
     stats = engine.step(lambda indices: (torch.tensor([[3.0, 4.0], [float("nan"), 0.0], [1e39, 1.0]])[indices],))
     assert torch.isfinite(model.weight).all() and stats["nonfinite_dropped"] == 2.0
+
+
+def test_a_run_that_trained_at_the_exact_images_shape_is_not_resumed_and_a_fresh_cell_draws_the_vote(tmp_path):
+    write_patients(tmp_path / "scans")
+    config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / "scans"), epsilon=2.0, preset="cpu",
+                            overrides=[*MERF, f"run.out_dir={tmp_path / 'runs'}", "privacy.dataset_size=12",
+                                       "dataset.val_size=1", "dataset.test_size=1", "dataset.channels=1"])
+    fresh = RunDirectory.create(config)  # as a bench cell starts: nothing drawn, nothing run
+    resume(str(fresh.path))
+    assert fresh.config()["privacy"]["noisy_shape"] is not None
+    assert SHAPE_STAGE in PrivacyLedger.load(fresh.file("ledger.json")).stages()
+    old = RunDirectory.create(config)  # as a run of a dpsynth before the vote: trained at the exact shape
+    old.file("checkpoint.pt").write_bytes(b"")
+    with pytest.raises(DpsynthError, match="shape its exact images chose.*start it again"):
+        resume(str(old.path))
+    assert old.config()["privacy"]["noisy_shape"] is None
+
+
+def test_a_fixed_preset_plans_with_the_noisy_count_drawn_before_it(own_npz):
+    config = resolve_config("dpdm", dataset="npz", data_dir=own_npz, epsilon=5.0, preset="cpu",
+                            overrides=["run.device=cpu", "dpsgd.batch_size=64"])
+    planned, dataset = planned_config(config, dataset_from_config(config), torch.device("cpu"), draw_size=True)
+    assert planned["privacy"]["noisy_dataset_size"] is not None and dataset.info.size_rule == "noisy"
+    assert plan_budget_for(planned, dataset.info).size == dataset.info.public_train
+
+
+def test_a_standard_set_plans_with_its_published_held_out_sizes_not_its_files(tmp_path):
+    write_idx_set(tmp_path / "idx", n_train=120, n_test=30)
+    info = load_dataset("mnist", tmp_path / "idx", val_size=0.1).info
+    assert info.split_sizes == {"train": 108, "val": 12, "test": 30} and info.size_rule == "published"
+    inputs = plan_inputs(info, torch.device("cpu"))
+    assert (inputs.num_train, inputs.num_val, inputs.num_test) == (54000, 6000, 10000)
+
+
+def test_the_cache_of_decoded_images_forgets_a_removed_person_and_refuses_links_and_others_folders(tmp_path):
+    write_patients(tmp_path / "scans")
+    cache = tmp_path / "cache"
+    options = LoadOptions(tmp_path / "scans", 28, 1, cache_dir=str(cache))
+    before = load_folder(options).images
+    assert [path.stat().st_mode & 0o777 for path in cache.iterdir()] == [0o600]
+    shutil.rmtree(tmp_path / "scans" / "sick" / "patient-000")  # the patient asked to be removed
+    after = load_folder(options).images
+    assert len(after) == len(before) - 2 and len(list(cache.iterdir())) == 1
+    cache.chmod(0o777)
+    shutil.rmtree(tmp_path / "scans" / "sick" / "patient-002")
+    load_folder(options)
+    assert cache.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "elsewhere").mkdir()
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DataError, match="must be a folder of your own, not a link"):
+        load_folder(LoadOptions(tmp_path / "scans", 28, 1, cache_dir=str(linked)))
+    if os.getuid() == 0:  # only root can hand a folder to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(DataError, match="another user's folder"):
+            load_folder(LoadOptions(tmp_path / "scans", 28, 1, cache_dir=str(theirs)))
+
+
+def test_dpsynth_clean_leaves_no_private_pixels_after_a_run_killed_mid_decode(tmp_path):
+    write_patients(tmp_path / "scans", patients=400, scans=3, side=96)
+    cache = tmp_path / "cache"
+    decoding = subprocess.Popen([sys.executable, "-m", "dpsynth", "data", "info", "folder", "--data-dir",
+                                 str(tmp_path / "scans"), "--set", "dataset.resolution=64", "--set",
+                                 f"dataset.cache_dir={cache}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(cache.glob("*.partial")) and decoding.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    decoding.send_signal(signal.SIGKILL)
+    decoding.wait()
+    assert list(cache.glob("*.partial")), "the decode finished before it could be killed"
+    done = subprocess.run([sys.executable, "-m", "dpsynth", "clean", "--cache-dir", str(cache)], capture_output=True,
+                          text=True, env={**os.environ, "HOME": str(tmp_path / "home")})
+    assert done.returncode == 0 and f"{cache}: removed 1 file(s)" in done.stdout, done.stderr
+    assert [path for path in cache.rglob("*") if path.is_file()] == []
+
+
+def test_an_audit_that_crashes_exits_apart_from_one_that_finds_a_leak(monkeypatch, capsys):
+    def crashing() -> None:
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setitem(AUDITS, "crashing", crashing)
+    assert main(["audit", "crashing", "--trials", "10"]) == 3
+    assert "audit of crashing crashed before it could find or rule out a leak: RuntimeError: no such kernel" in \
+        capsys.readouterr().err

@@ -46,17 +46,6 @@ def tiny_run(tmp_path, dataset: str = "digits", data_dir: str | None = None, *ex
     return start(config)
 
 
-@pytest.fixture
-def own_npz(tmp_path) -> str:
-    """All 1,797 of scikit-learn's digits as an npz: own data, whose number of images is not public."""
-    digits = load_dataset("digits")
-    images = torch.cat([digits.train.images, digits.val.images, digits.test.images])
-    labels = torch.cat([digits.train.labels, digits.val.labels, digits.test.labels])
-    np.savez(tmp_path / "own.npz", images=images.numpy(), labels=labels.numpy(),
-             class_names=np.asarray(digits.info.class_names))
-    return str(tmp_path / "own.npz")
-
-
 def numbers(value: object) -> list[float]:
     """Every number in a JSON value."""
     if isinstance(value, dict):

@@ -154,8 +154,10 @@ def test_a_decoded_folder_is_cached_privately_and_read_back_as_a_memory_map(tmp_
     assert len(stored) == 1 and stored[0].suffix == ".npy" and (stored[0].stat().st_mode & 0o777) == 0o600
     again = decoded_images(files, 28, 1, WindowRule(), str(cache))
     assert isinstance(again, np.memmap) and np.array_equal(first, again)
-    os.utime(files[0], ns=(0, 0))  # a changed file is decoded again, under a new key
+    os.utime(files[0], ns=(0, 0))  # a changed file is decoded again, under a new key that replaces the old one
     decoded_images(files, 28, 1, WindowRule(), str(cache))
+    assert len(list(cache.iterdir())) == 1 and list(cache.iterdir()) != stored
+    decoded_images(files, 32, 1, WindowRule(), str(cache))  # the same files at another side are kept beside
     assert len(list(cache.iterdir())) == 2
     monkeypatch.setattr(folder_module, "PARALLEL_FROM", 4)  # worker processes decode alike
     assert np.array_equal(decoded_images(files, 28, 1, WindowRule(), None), first)
@@ -211,3 +213,39 @@ def test_a_scan_folder_of_16_bit_pngs_and_dicom_files_runs_end_to_end(tmp_path):
         assert release["images"].shape[1:] in ((1, 28, 28), (3, 28, 28))
     window = yaml.safe_load((run / "config.yaml").read_text())["privacy"]["noisy_window"]
     assert window is None or 0 <= window[0] < window[1] <= 1  # drawn with the shape, as shares of the full range
+
+
+def test_a_dicom_file_is_known_by_its_header_whatever_its_name(tmp_path):
+    root = sixteen_bit_folder(tmp_path / "scans", people=2, per_person=1)
+    write_dicom(root / "a" / "patient-0" / "IM0001", np.full((40, 36), 1000))  # as a PACS export names them
+    write_dicom(root / "b" / "patient-1" / "slice.dcm", np.full((40, 36), 3000))
+    (root / "b" / "patient-1" / "notes").write_bytes(b"\0" * 128 + b"DICX not a scan")
+    layout = folder_layout(root)
+    assert root / "a" / "patient-0" / "IM0001" in layout.files and root / "b" / "patient-1" / "slice.dcm" in \
+        layout.files and layout.skipped == [root / "b" / "patient-1" / "notes"]
+    images = load_dataset("folder", root, resolution=28, channels=1, window=(-1024.0, 1976.0), test_size=0,
+                          val_size=0).train.images  # stored 1000 is -24 HU, a third of the way up the window
+    assert len(images) == 6 and 85 in images.float().mean(dim=(1, 2, 3)).round().int().tolist()
+
+
+def test_a_patient_first_folder_takes_its_labels_from_a_table(tmp_path):
+    root = tmp_path / "export"
+    rng = np.random.default_rng(0)
+    for patient in range(6):
+        study = root / f"patient-{patient}" / "study-1"
+        study.mkdir(parents=True)
+        for scan in range(2):
+            Image.fromarray(rng.integers(0, 256, (30, 30), dtype=np.uint8)).save(study / f"{scan}.png")
+    rows = [f"patient-{patient},{'sick' if patient % 3 == 0 else 'healthy'}" for patient in range(6)]
+    (root / "labels.csv").write_text("person,label\n" + "\n".join([*rows, "patient-9,unsure"]) + "\n")
+    layout = folder_layout(root)
+    assert layout.class_names == ["healthy", "sick", "unsure"] and layout.group_source.endswith("labels.csv")
+    assert layout.labels == [1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0] and len(set(layout.groups.tolist())) == 6
+    dataset = load_dataset("folder", root, resolution=28, channels=1, val_size=1, test_size=1)
+    assert dataset.info.unit == "group" and dataset.info.group_counts == {"train": 4, "val": 1, "test": 1}
+    (root / "patient-7").mkdir()
+    with pytest.raises(DataError, match=r"labels.csv: no label for 1 person folder\(s\), e.g. patient-7"):
+        folder_layout(root)
+    (root / "labels.csv").write_text("patient,class\n")
+    with pytest.raises(DataError, match="expected a header with columns person,label"):
+        folder_layout(root)

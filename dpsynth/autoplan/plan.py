@@ -59,11 +59,13 @@ def auto_preset(method: type[Method], device: torch.device) -> dict[str, Any]:
 
 def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float = 1) -> PlanInputs:
     """The public facts a plan reads: N as planning uses it, the shape, the classes; validation and test sizes as
-    published, else estimated as N / 8 each (a private split's exact size must not steer a released setting); with
+    the published sizes give them (never the files' counts), else estimated as N / 8 each (a private split's exact
+    size must not steer a released setting); with
     groups, ``images_per_group`` images per group (a noisy mean, or the cap)."""
     per_unit = images_per_group if info.unit == "group" else 1
-    sizes = info.split_sizes if info.size_rule == "published" else {"val": int(info.num_train * per_unit // 8),
-                                                                    "test": int(info.num_train * per_unit // 8)}
+    estimate = int(info.num_train * per_unit // 8)
+    sizes = info.public_held_out if info.size_rule == "published" and info.public_held_out else {
+        "val": estimate, "test": estimate}
     return PlanInputs(info.num_train, info.shape, info.num_classes, sizes.get("val", 0), sizes.get("test", 0),
                       str(device), per_unit, info.release_side)
 

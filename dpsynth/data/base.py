@@ -87,7 +87,8 @@ class DatasetInfo:
     ``split_sizes`` are the exact counts, private to the data holder. ``public_train`` is the training split's size
     that planning uses (sample rates, steps, delta, the divisors of noisy sums) and a release may show, and
     ``size_rule`` says how it became public (:data:`SIZE_RULES`); ``"private"`` while it has not (own data before a
-    run draws a noisy count). ``official_test`` says whether the test split is the dataset's own test part.
+    run draws a noisy count). ``official_test`` says whether the test split is the dataset's own test part;
+    ``public_held_out``, a standard set's validation and test sizes as its published sizes give them.
     ``shape_decision``: how the channels and size were chosen from the images, where the loader chose them;
     ``pixel_rule``: how high-depth values map to 8 bits; ``skipped``: files the loader passed over. With groups
     (``group_counts``, from ``group_source``), the unit of privacy is one group: N and every size rule count
@@ -104,6 +105,7 @@ class DatasetInfo:
     public_train: int | None = None
     size_rule: str = "private"
     official_test: bool = False
+    public_held_out: dict[str, int] | None = None  # a standard set's validation and test sizes as published
     shape_decision: str | None = None
     group_counts: dict[str, int] | None = None  # groups per split, where the data has groups (private, as sizes)
     group_source: str | None = None

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -20,12 +21,13 @@ import numpy as np
 from ..errors import DataError
 from .base import RawDataset
 from .pixels import (
-    DICOM_SUFFIXES,
     GREY_MODES,
     HIGH_DEPTH_MODES,
     IMAGE_SUFFIXES,
     Window,
     WindowRule,
+    is_dicom,
+    is_image,
     open_scan,
     square_pixels,
     window_shares,
@@ -34,7 +36,9 @@ from .sources import AUTO, LoadOptions, group_ids, require_dir
 
 FOLDER_HINT = "a directory with one sub-folder of images per class"
 GROUPS_CSV = "groups.csv"
+LABELS_CSV = "labels.csv"  # a patient-first folder: person,label per top-level sub-folder
 PERSON_FOLDERS = "a sub-folder per person"
+PERSON_FIRST = f"a folder per person, labelled in {LABELS_CSV}"
 # The resolutions a folder is read at when dataset.resolution is auto: the largest not above the images' median
 # short side (the smallest where they are smaller); above the last, set dataset.resolution yourself. With
 # dataset.channels auto, a folder is read in colour when at least COLOUR_SHARE of its images have colour (a
@@ -49,7 +53,8 @@ WINDOW_MIN_SHARE = 0.05  # of the votes' weight from high-depth images, below wh
 # Below this many images a folder is decoded and voted on in this process (starting workers costs more than it
 # saves).
 PARALLEL_FROM = 2000
-CACHE_VERSION = 1  # of the decoded-array cache's layout and of the decoding itself
+CACHE_VERSION = 2  # of the decoded-array cache's layout and of the decoding itself
+PARTIAL = ".partial"  # the suffix of a cache file still being decoded, after its writer's process id
 T = TypeVar("T")
 
 
@@ -76,7 +81,10 @@ def folder_layout(root: Path) -> FolderLayout:
     """The layout of ``root``: ``class/image`` or ``class/person/...image`` (every image under a person's folder, at
     any depth, is that person's; the same folder name under two classes is the same person). A class folder may be
     empty (a folder names a class whether or not it holds images); DataError when no folder holds an image or one
-    holds both images and person folders."""
+    holds both images and person folders. With ``labels.csv`` the folder is patient-first instead
+    (:func:`person_first_layout`)."""
+    if (root / LABELS_CSV).exists():
+        return person_first_layout(root)
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         raise DataError(f"{root}: no class sub-folders found ({FOLDER_HINT})")
@@ -84,15 +92,15 @@ def folder_layout(root: Path) -> FolderLayout:
     for label, class_dir in enumerate(class_dirs):
         entries = sorted(p for p in class_dir.iterdir() if not p.name.startswith("."))
         persons = [p for p in entries if p.is_dir()]
-        found = [p for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+        found = [p for p in entries if p.is_file() and is_image(p)]
         if persons and found:
             raise DataError(f"{class_dir}: holds both image files ({found[0].name}) and sub-folders "
                             f"({persons[0].name}/); keep either the images of a class or a sub-folder per person")
-        skipped += [p for p in entries if p.is_file() and p.suffix.lower() not in IMAGE_SUFFIXES]
+        skipped += [p for p in entries if p.is_file() and p not in found]
         for person in persons:
             inside = sorted(p for p in person.rglob("*") if p.is_file() and _visible(p, root))
-            owned = [p for p in inside if p.suffix.lower() in IMAGE_SUFFIXES]
-            skipped += [p for p in inside if p.suffix.lower() not in IMAGE_SUFFIXES]
+            owned = [p for p in inside if is_image(p)]
+            skipped += [p for p in inside if p not in owned]
             found += owned
             people += [person.name] * len(owned)
         if not found:
@@ -102,9 +110,58 @@ def folder_layout(root: Path) -> FolderLayout:
         files += found
         labels += [label] * len(found)
     if not files:
-        raise DataError(f"{root}: its class folders hold no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        raise DataError(f"{root}: its class folders hold no image files ({', '.join(sorted(IMAGE_SUFFIXES))}, or "
+                        "DICOM files of any name)")
     groups, source = _groups(root, files, people)
     return FolderLayout(root, files, labels, [p.name for p in class_dirs], groups, source, skipped)
+
+
+def person_first_layout(root: Path) -> FolderLayout:
+    """The layout of a patient-first folder: ``person/...image`` (any depth), each person's class in ``labels.csv``
+    (columns ``person`` and ``label``; the classes are its labels, sorted); DataError naming a person folder the
+    table does not label, a person it lists twice, or a table without those columns."""
+    table = _labels_table(root / LABELS_CSV)
+    class_names = sorted(set(table.values()))
+    people = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    unlabelled = [person.name for person in people if person.name not in table]
+    if unlabelled:
+        raise DataError(f"{root / LABELS_CSV}: no label for {len(unlabelled)} person folder(s), e.g. "
+                        f"{unlabelled[0]}; every folder of {root} needs a row person,label")
+    files, labels, owners, skipped = [], [], [], []
+    for person in people:
+        inside = sorted(p for p in person.rglob("*") if p.is_file() and _visible(p, root))
+        owned = [p for p in inside if is_image(p)]
+        skipped += [p for p in inside if p not in owned]
+        files += owned
+        labels += [class_names.index(table[person.name])] * len(owned)
+        owners += [person.name] * len(owned)
+    if not files:
+        raise DataError(f"{root}: its person folders hold no image files ({', '.join(sorted(IMAGE_SUFFIXES))}, or "
+                        "DICOM files of any name)")
+    groups = group_ids(np.array(owners), len(files), f"{root}: person folders")
+    return FolderLayout(root, files, labels, class_names, groups, PERSON_FIRST, skipped)
+
+
+def _labels_table(path: Path) -> dict[str, str]:
+    """``labels.csv``'s label of each person; DataError for a missing column, a person listed twice or no row."""
+    table = _csv_map(path, "person", "label")
+    if not table:
+        raise DataError(f"{path}: no rows; list each person folder's label as person,label")
+    return table
+
+
+def _csv_map(path: Path, key: str, value: str) -> dict[str, str]:
+    """The ``value`` column of a CSV file by its ``key`` column; DataError for a missing column or a repeated key."""
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {key, value} <= set(reader.fieldnames):
+            raise DataError(f"{path}: expected a header with columns {key},{value} (found {reader.fieldnames})")
+        table: dict[str, str] = {}
+        for row in reader:
+            if row[key] in table:
+                raise DataError(f"{path}: {row[key]} is listed twice")
+            table[row[key]] = row[value]
+    return table
 
 
 def _groups(root: Path, files: list[Path], people: list[str]) -> tuple[np.ndarray | None, str | None]:
@@ -128,15 +185,7 @@ def folder_groups(root: Path, files: list[Path]) -> np.ndarray | None:
     path = root / GROUPS_CSV
     if not path.exists():
         return None
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or not {"file", "group"} <= set(reader.fieldnames):
-            raise DataError(f"{path}: expected a header with columns file,group (found {reader.fieldnames})")
-        listed: dict[str, str] = {}
-        for row in reader:
-            if row["file"] in listed:
-                raise DataError(f"{path}: {row['file']} is listed twice")
-            listed[row["file"]] = row["group"]
+    listed = _csv_map(path, "file", "group")
     names = [file.relative_to(root).as_posix() for file in files]
     unlisted = [name for name in names if name not in listed]
     if unlisted:
@@ -273,7 +322,7 @@ def _image_facts(path: Path, colour: bool, window: bool) -> tuple[int, bool, Win
     whether any pixel's red, green and blue differ) and, with ``window``, its window shares (None for 8 bits)."""
     from PIL import Image, UnidentifiedImageError
 
-    if path.suffix.lower() in DICOM_SUFFIXES:
+    if is_dicom(path):
         scan = open_scan(path, 3)
         coloured = colour and scan.image.mode == "RGB" and _has_colour(np.asarray(scan.image))
         return min(scan.image.size), coloured, window_shares(scan) if window else None
@@ -297,12 +346,16 @@ def decoded_images(files: list[Path], side: int, channels: int, rule: WindowRule
     """``files`` as uint8 N x C x side x side (:func:`~dpsynth.data.pixels.square_pixels`), decoded in parallel
     processes for a large folder; kept in ``cache_dir`` (None: no cache), keyed by the files' names, sizes and
     modification times and the shape and window, decoded straight into that file and read back from it as a
-    memory map (so a folder larger than memory is never held whole)."""
+    memory map (so a folder larger than memory is never held whole). A new entry, once written, replaces the folder's
+    entries of other files (a person removed from the folder leaves no pixels behind); the partial files of writers
+    that died mid-decode are removed first."""
     cached = _cache_path(files, side, channels, rule, cache_dir)
     if cached is not None and cached.exists():
         return np.load(cached, mmap_mode="r")
     shape = (len(files), channels, side, side)
-    partial = None if cached is None else _private_file(cached.with_suffix(f".{os.getpid()}.partial"))
+    if cached is not None:
+        _remove_orphans(cached.parent)
+    partial = None if cached is None else _private_file(cached.with_suffix(f".{os.getpid()}{PARTIAL}"))
     images = np.empty(shape, np.uint8) if partial is None else np.lib.format.open_memmap(partial, "w+", np.uint8,
                                                                                        shape)
     try:
@@ -318,6 +371,7 @@ def decoded_images(files: list[Path], side: int, channels: int, rule: WindowRule
     images.flush()
     del images
     partial.replace(cached)
+    _evict(cached)
     return np.load(cached, mmap_mode="r")
 
 
@@ -347,16 +401,69 @@ def _decode_chunk(files: list[Path], side: int, channels: int, rule: WindowRule)
 
 
 def _cache_path(files: list[Path], side: int, channels: int, rule: WindowRule, cache_dir: str | None) -> Path | None:
-    """Where the decoded array of ``files`` at this shape and window is cached; None without a cache."""
+    """Where the decoded array of ``files`` at this shape and window is cached (None without a cache): named by the
+    folder, the files (names, sizes, modification times) and the shape and window, in that order."""
     if cache_dir is None:
         return None
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
-    key = json.dumps([CACHE_VERSION, side, channels, rule.declared, rule.shares, stats])
-    return Path(cache_dir).expanduser() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
+    root = os.path.commonpath([name for name, _, _ in stats]) if stats else ""
+    reading = json.dumps([CACHE_VERSION, side, channels, rule.declared, rule.shares])
+    name = "-".join(_digest(part) for part in (root, json.dumps(stats), reading))
+    return Path(cache_dir).expanduser() / f"{name}.npy"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _evict(cached: Path) -> None:
+    """Remove the cache's entries of the same folder as ``cached`` with other files (written before it)."""
+    folder, files = cached.stem.split("-")[:2]
+    for entry in cached.parent.glob(f"{folder}-*.npy"):
+        if entry.stem.split("-")[1] != files:
+            entry.unlink(missing_ok=True)
+
+
+def _remove_orphans(cache: Path) -> None:
+    """Remove the partial files in ``cache`` whose writer is gone (killed mid-decode)."""
+    for entry in cache.glob(f"*{PARTIAL}") if cache.is_dir() else ():
+        if not _alive(int(entry.name.split(".")[-2])):
+            entry.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_cache(cache_dir: str | Path) -> tuple[int, int]:
+    """Remove every decoded image and partial file under ``cache_dir``; the number of files and bytes removed."""
+    root = Path(cache_dir).expanduser()
+    found = [path for path in root.rglob("*") if path.is_file() or path.is_symlink()] if root.is_dir() else []
+    size = sum(path.lstat().st_size for path in found)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return len(found), size
 
 
 def _private_file(path: Path) -> Path:
-    """``path``, created empty and readable by its owner alone (the images are private), in a folder likewise."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    """``path``, created new and readable by its owner alone (the images are private), in a folder of its owner's
+    that only they can open: DataError for a folder another user owns or a link in place of the folder or file."""
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    status = os.lstat(folder)
+    if stat.S_ISLNK(status.st_mode) or status.st_uid != os.getuid():
+        raise DataError(f"{folder}: the cache of decoded private images must be a folder of your own, not a link or "
+                        "another user's folder; set dataset.cache_dir to a folder only you can open")
+    if status.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        raise DataError(f"{path}: exists already (a link, or another writer's file); remove it and run again") from None
     return path

@@ -38,13 +38,36 @@ class Scan:
         return (values - low) / (high - low)
 
 
+DICOM_PREAMBLE = 128  # bytes before a DICOM file's "DICM" marker (PS3.10, 7.1)
+PYDICOM_HINT = ("reading DICOM files needs pydicom: pip install pydicom into dpsynth's environment (.venv/bin/pip "
+                "install pydicom; from a source checkout, pip install -e '.[dicom]')")
+
+
+def is_dicom(path: Path) -> bool:
+    """Whether ``path`` is a DICOM file: by its suffix, or, whatever its suffix (PACS exports often have none), by
+    the "DICM" marker after its 128-byte preamble."""
+    if path.suffix.lower() in DICOM_SUFFIXES:
+        return True
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(DICOM_PREAMBLE + 4)
+    except OSError:
+        return False
+    return head[DICOM_PREAMBLE:] == b"DICM"
+
+
+def is_image(path: Path) -> bool:
+    """Whether ``path`` is a file dpsynth reads as an image: an image format's suffix, or a DICOM file."""
+    return path.suffix.lower() in IMAGE_SUFFIXES or is_dicom(path)
+
+
 def open_scan(path: Path, channels: int) -> Scan:
     """``path`` opened for ``channels`` (1: grey, 3: RGB; a high-depth image stays one channel of values);
     DataError naming the file when it cannot be read."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        if path.suffix.lower() in DICOM_SUFFIXES:
+        if is_dicom(path):
             return _dicom_scan(path, channels)
         with Image.open(path) as opened:
             if opened.mode in HIGH_DEPTH_MODES:
@@ -63,7 +86,7 @@ def _dicom_scan(path: Path, channels: int) -> Scan:
         import pydicom
         from pydicom.pixels import apply_rescale
     except ImportError:
-        raise DataError(f"{path}: reading DICOM files needs pydicom: pip install 'dpsynth[dicom]'") from None
+        raise DataError(f"{path}: {PYDICOM_HINT}") from None
     try:
         dataset = pydicom.dcmread(path)
         pixels = dataset.pixel_array

