@@ -9,19 +9,27 @@ images clipped one by one) are deliberately wrong copies, kept to show that the 
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..data import ImageSet
+from ..data.folder import shape_votes
+from ..data.sources import AUTO
+from ..diffusion.ddpm import Diffusion, NoiseLevels
 from ..models.classifiers import group_norm_resnet
 from ..privacy import GaussianMechanism, PrivacyLedger
 from ..privacy.batch_statistics import MomentScaling, example_moments, private_statistics
 from ..privacy.central_images import CentralQuery, central_images
 from ..privacy.dpsgd import DPSGD, DpsgdSettings, Groups
 from ..privacy.fourier_features import FrequencyQuery, RandomFourierFeatures, noisy_class_means, released_class_means
-from ..privacy.mechanisms import clip_rows, gaussian_noise, report_noisy_max
+from ..privacy.mechanisms import clip_rows, gaussian_noise, noisy_count, report_noisy_max
 from ..privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from ..privacy.randomness import SecretStream
 from ..privacy.semantic_histogram import semantic_histogram
@@ -45,23 +53,124 @@ def _labelled(images: torch.Tensor) -> ImageSet:
     return ImageSet(images, torch.zeros(len(images), dtype=torch.long))
 
 
-def dpsgd_step() -> Trial:
+def _copies(canary: torch.Tensor, doubled: bool) -> torch.Tensor:
+    """The canary's rows, twice over when ``doubled``: WRONG ON PURPOSE, one person's record counted as two (twice
+    the sensitivity the ledger claims), the error an audit sized by power must catch."""
+    return torch.cat([canary, canary]) if doubled else canary
+
+
+def dpsgd_step(doubled: bool = False, trainable_only: bool = False) -> Trial:
     """One step of the DP-SGD engine (q = 1) on a linear model whose per-example gradient is the example:
     D is zero gradients, the canary's gradient is twice the clipping norm along one axis (white box: the
-    score is the update along that axis, times qN)."""
+    score is the update along that axis, times qN). ``trainable_only``: a second, frozen weight reads a copy of
+    the example too, as ``model.trainable`` freezes part of a UNet (the clip and the noise cover only what
+    trains); ``doubled``: :func:`_copies`."""
     dimension, clip = 16, 1.0
     canary = torch.zeros(1, dimension)
     canary[0, 0] = 2 * clip
 
     def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
-        data = torch.cat([torch.zeros(RECORDS, dimension), canary]) if with_canary else torch.zeros(RECORDS, dimension)
-        model = nn.Linear(dimension, 1, bias=False)
-        nn.init.zeros_(model.weight)
-        engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0),
+        data = torch.zeros(RECORDS, dimension)
+        if with_canary:
+            data = torch.cat([data, _copies(canary, doubled)])
+        model = nn.Sequential(nn.Linear(dimension, 1, bias=False), nn.Linear(1, 1, bias=False))
+        nn.init.zeros_(model[0].weight)
+        nn.init.ones_(model[1].weight)
+        if trainable_only:
+            model[1].weight.requires_grad_(False)
+        else:
+            model = model[0]
+        engine = DPSGD(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0),
                        lambda forward, x: forward(x.unsqueeze(0)).sum(), settings=DpsgdSettings(SIGMA, clip, 1.0, 64),
                        num_records=len(data), ledger=ledger, stage=STAGE, noise=noise)
         engine.step(lambda indices: (data[indices],))
-        return -float(model.weight.detach()[0, 0]) * len(data)
+        first = model[0] if trainable_only else model
+        return -float(first.weight.detach()[0, 0]) * len(data)
+
+    return trial
+
+
+def dpsgd_trainable_step() -> Trial:
+    """The DP-SGD step of :func:`dpsgd_step` on a model with a frozen part (``model.trainable``)."""
+    return dpsgd_step(trainable_only=True)
+
+
+class _PixelBias(nn.Module):
+    """A denoiser that predicts one learned value per pixel whatever its input: its per-example gradient under the
+    v-prediction loss is the image's, weighted by the draws' noise levels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1, 1, SIDE, SIDE))
+
+    def forward(self, noisy: torch.Tensor, times: torch.Tensor, class_labels: torch.Tensor | None = None
+                ) -> SimpleNamespace:
+        return SimpleNamespace(sample=self.bias.expand_as(noisy))
+
+
+def diffusion_step(doubled: bool = False) -> Trial:
+    """One DP-SGD step (q = 1) of the diffusion loss the runs train, with log-normal noise levels and K = 2 draws
+    per example, batched as a run batches it, on a denoiser of one value per pixel (v-prediction, so the clean
+    image enters each example's gradient; levels around sigma = e^1.5, where the clean image dominates the target):
+    D is 4 grey images, whose gradients are the draws' noise, the canary a checkerboard whose gradient along itself
+    exceeds the clipping norm several times; the score is the update along the checkerboard. The levels and draws are public randomness: the bound must stay below the claim whatever
+    they are. ``doubled``: :func:`_copies`."""
+    clip, records, draws = 0.01, 4, 2
+    diffusion = Diffusion(1000, prediction="v", levels=NoiseLevels("log-normal", 1.5, 0.5))
+    canary = _checkerboard()  # pixels 0 and 1: x0 of -1 and +1
+    direction = (canary * 2 - 1) / (canary * 2 - 1).norm()
+    generator = torch.Generator().manual_seed(0)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        images = _images(0.5, records)
+        if with_canary:
+            images = torch.cat([images, _copies(canary, doubled)])
+        model = _PixelBias()
+        engine = DPSGD(model, torch.optim.SGD(model.parameters(), lr=1.0), diffusion.example_loss,
+                       settings=DpsgdSettings(SIGMA, clip, 1.0, 64), num_records=len(images), ledger=ledger,
+                       stage=STAGE, noise=noise, batch_loss=diffusion.example_losses)
+        engine.step(lambda indices: (images[indices], torch.zeros(len(indices), dtype=torch.long),
+                                     *diffusion.training_inputs(len(indices), draws, images.shape[1:], generator)))
+        return -float((model.bias.detach() * direction).sum()) * len(images)
+
+    return trial
+
+
+def shape_vote() -> Trial:
+    """The DP vote on a folder's shape and channels (both auto, 8-bit images: two vote vectors), as a run draws it:
+    D is RECORDS grey images of 30 px, the canary a coloured image of 70 px, which moves each vector by one; the
+    score is the noisy weight of 64 px plus that of colour. A run records the vote as a Gaussian mechanism of its
+    noise multiplier over the votes' sensitivity; so does the trial."""
+    from PIL import Image
+
+    folder = Path(tempfile.mkdtemp(prefix="dpsynth-audit-shape-"))
+    for index in range(RECORDS + 1):
+        side, coloured = (70, True) if index == RECORDS else (30, False)
+        pixels = np.zeros((side, side, 3), np.uint8)
+        pixels[..., 0] = 200 if coloured else 0
+        (folder / "a").mkdir(exist_ok=True)
+        Image.fromarray(pixels).save(folder / "a" / f"{index}.png")
+    files = sorted((folder / "a").iterdir(), key=lambda path: int(path.stem))
+    votes = {canary: shape_votes(files if canary else files[:RECORDS], None, AUTO, AUTO, False)
+             for canary in (False, True)}
+    shutil.rmtree(folder)
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        exact = votes[with_canary]
+        ledger.record(STAGE, GaussianMechanism(SIGMA))
+        noisy = exact.noisy(lambda count: SIGMA * exact.sensitivity * noise.normal(count).numpy())
+        return float(noisy.by_side[exact.sides.index(64)] + noisy.by_colour[1])
+
+    return trial
+
+
+def noisy_count_release() -> Trial:
+    """The noisy count of a private set's size (groups or images), as a run draws it: D has RECORDS records, the
+    canary one more; the score is the rounded noisy count."""
+
+    def trial(with_canary: bool, ledger: PrivacyLedger, noise: SecretStream) -> float:
+        ledger.record(STAGE, GaussianMechanism(SIGMA))
+        return float(noisy_count(RECORDS + int(with_canary), SIGMA, noise))
 
     return trial
 
@@ -264,6 +373,10 @@ def broken_sum() -> Trial:
 
 AUDITS: dict[str, Callable[[], Trial]] = {
     "dp-sgd-step": dpsgd_step,
+    "dp-sgd-trainable-step": dpsgd_trainable_step,
+    "dp-sgd-diffusion-step": diffusion_step,
+    "shape-vote": shape_vote,
+    "noisy-count": noisy_count_release,
     "dp-sgd-group-step": dpsgd_group_step,
     "mean-images": mean_images,
     "mode-images": mode_images,
