@@ -60,9 +60,9 @@ class DatasetSettings(Section):
     their split; a folder's resolution and channels (auto: a DP vote of its images decides; generated sets, glyphs
     and photo-patches, are 32 x 32 RGB), its classes and how many images to read; how a folder's 16-bit and DICOM
     values map to 8 bits (``window``: [low, high] in their units; auto: voted with the shape when the shape is
-    voted, else the full range; full: the full range of their type), where its decoded images are kept
-    (private: they are the images; null keeps none), the title, description and owner the holder gives the release and
-    what the data calls one person (``unit_name``: patient, say);
+    voted, else the full range; full: the full range of their type; dicom: each DICOM file's own window), where its
+    decoded images are kept (private: they are the images; null keeps none), the title, description and owner the
+    holder gives the release and what the data calls one person (``unit_name``: patient, say);
     ``train_resolution``: the side training reads the images at (a smaller one: shrunk by area averaging, the release
     lifted back by ``release.upscaler``; auto: the derived plan's choice, else the data's side)."""
 
@@ -77,7 +77,7 @@ class DatasetSettings(Section):
     train_resolution: int | Auto = positive(default="auto")  # auto: the plan's choice (preset auto), else the data's
     num_classes: int | None = positive(default=None)
     num_images: int | None = positive(default=None)
-    window: Literal["auto", "full"] | tuple[float, ...] = "auto"
+    window: Literal["auto", "full", "dicom"] | tuple[float, ...] = "auto"
     cache_dir: str | None = "~/.cache/dpsynth/folders"
     title: str | None = None  # free text the holder writes: heads the release's datasheet
     description: str | None = None
@@ -86,7 +86,7 @@ class DatasetSettings(Section):
 
     def __post_init__(self) -> None:
         if isinstance(self.window, tuple) and not (len(self.window) == 2 and self.window[0] < self.window[1]):
-            raise ConfigError(f"dataset.window must be auto, full or [low, high] with low below high (in the "
+            raise ConfigError(f"dataset.window must be auto, full, dicom or [low, high] with low below high (in the "
                               f"images' values: raw 16-bit values, Hounsfield units), got {list(self.window)}")
 
 

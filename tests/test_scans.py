@@ -27,8 +27,9 @@ from dpsynth.utils.images import as_floats
 
 
 def write_dicom(path: Path, stored: np.ndarray, bits: int = 12, intercept: float = -1024.0,
-                photometric: str = "MONOCHROME2") -> None:
-    """A single-frame grey DICOM file of ``stored`` values (unsigned, ``bits`` stored) through pydicom's writer."""
+                photometric: str = "MONOCHROME2", window: tuple[float, float] | None = None) -> None:
+    """A single-frame grey DICOM file of ``stored`` values (unsigned, ``bits`` stored) through pydicom's writer,
+    with ``window`` (center, width) as its own window when given."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
 
@@ -43,6 +44,8 @@ def write_dicom(path: Path, stored: np.ndarray, bits: int = 12, intercept: float
     scan.BitsAllocated, scan.BitsStored, scan.HighBit, scan.PixelRepresentation = 16, bits, bits - 1, 0
     scan.RescaleSlope, scan.RescaleIntercept = 1, intercept
     scan.PixelData = stored.astype(np.uint16).tobytes()
+    if window is not None:
+        scan.WindowCenter, scan.WindowWidth = window
     scan.save_as(path, enforce_file_format=True)
 
 
@@ -249,3 +252,20 @@ def test_a_patient_first_folder_takes_its_labels_from_a_table(tmp_path):
     (root / "labels.csv").write_text("patient,class\n")
     with pytest.raises(DataError, match="expected a header with columns person,label"):
         folder_layout(root)
+
+
+def test_each_dicom_file_can_be_read_through_its_own_window(tmp_path):
+    root = tmp_path / "scans"
+    for name, stored, window in (("lung", 1000, (-500.0, 1000.0)), ("bone", 1000, (300.0, 1500.0)),
+                                 ("plain", 1000, None)):
+        (root / "a" / name).mkdir(parents=True)
+        write_dicom(root / "a" / name / "slice.dcm", np.full((40, 36), stored), window=window)
+    files = folder_layout(root).files  # bone, lung, plain: -24 HU each
+    images = decoded_images(files, 28, 1, LoadOptions(root, window="dicom").window_rule(), None)
+    shade = [int(image.mean().round()) for image in images]
+    lows = [300 - 750, -500 - 500, -1024]  # each file's window, the last its type's full range (12 bits, rescaled)
+    highs = [300 + 750, -500 + 500, 4095 - 1024]
+    assert shade == [round(255 * (-24 - low) / (high - low)) for low, high in zip(lows, highs, strict=True)]
+    assert "through each file's own window" in LoadOptions(root, window="dicom").window_rule().words()
+    config = resolve_config("dp-merf", dataset="folder", preset="cpu", overrides=["dataset.window=dicom"])
+    assert config["dataset"]["window"] == "dicom"

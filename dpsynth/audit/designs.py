@@ -113,8 +113,8 @@ def diffusion_step(doubled: bool = False) -> Trial:
     per example, batched as a run batches it, on a denoiser of one value per pixel (v-prediction, so the clean
     image enters each example's gradient; levels around sigma = e^1.5, where the clean image dominates the target):
     D is 4 grey images, whose gradients are the draws' noise, the canary a checkerboard whose gradient along itself
-    exceeds the clipping norm several times; the score is the update along the checkerboard. The levels and draws are public randomness: the bound must stay below the claim whatever
-    they are. ``doubled``: :func:`_copies`."""
+    exceeds the clipping norm several times; the score is the update along the checkerboard. The levels and draws
+    are public randomness: the bound must stay below the claim whatever they are. ``doubled``: :func:`_copies`."""
     clip, records, draws = 0.01, 4, 2
     diffusion = Diffusion(1000, prediction="v", levels=NoiseLevels("log-normal", 1.5, 0.5))
     canary = _checkerboard()  # pixels 0 and 1: x0 of -1 and +1

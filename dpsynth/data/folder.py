@@ -407,7 +407,7 @@ def _cache_path(files: list[Path], side: int, channels: int, rule: WindowRule, c
         return None
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
     root = os.path.commonpath([name for name, _, _ in stats]) if stats else ""
-    reading = json.dumps([CACHE_VERSION, side, channels, rule.declared, rule.shares])
+    reading = json.dumps([CACHE_VERSION, side, channels, rule.declared, rule.shares, rule.own])
     name = "-".join(_digest(part) for part in (root, json.dumps(stats), reading))
     return Path(cache_dir).expanduser() / f"{name}.npy"
 

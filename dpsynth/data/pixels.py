@@ -26,10 +26,11 @@ Window = tuple[float, float]
 class Scan:
     """An opened image: a PIL image (``L`` or ``RGB`` for 8 bits, ``F`` holding the values of a high-depth one)
     and, for a high-depth image, the range its stored type can hold, in its values' units (16 bits for PNG and
-    TIFF; a DICOM file's bits stored through its rescale)."""
+    TIFF; a DICOM file's bits stored through its rescale) and a DICOM file's own window where it states one."""
 
     image: Any
     full_range: Window | None = None
+    window: Window | None = None  # a DICOM file's own window (Window Center and Width), in its values' units
 
     def share(self, values: np.ndarray) -> np.ndarray:
         """``values`` as shares of the full range (0: its low end, 1: its high end)."""
@@ -101,24 +102,40 @@ def _dicom_scan(path: Path, channels: int) -> Scan:
     stored = (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1) - 1) if signed else (0.0, 2.0 ** bits - 1)
     values = apply_rescale(pixels, dataset).astype(np.float32)
     low, high = sorted(float(apply_rescale(np.array(stored), dataset)[i]) for i in (0, 1))
+    window = _own_window(dataset)
     if getattr(dataset, "PhotometricInterpretation", "") == "MONOCHROME1":
         values = low + high - values
-    return Scan(Image.fromarray(values, "F"), (low, high))
+        window = None if window is None else (low + high - window[1], low + high - window[0])
+    return Scan(Image.fromarray(values, "F"), (low, high), window)
+
+
+def _own_window(dataset: Any) -> Window | None:
+    """A DICOM file's window (its first Window Center and Width, in rescaled units), or None without one."""
+    center, width = getattr(dataset, "WindowCenter", None), getattr(dataset, "WindowWidth", None)
+    if center is None or width is None:
+        return None
+    center, width = (float(value[0] if hasattr(value, "__len__") and not isinstance(value, str) else value)
+                     for value in (center, width))
+    return (center - width / 2, center + width / 2) if width > 0 else None
 
 
 @dataclass(frozen=True)
 class WindowRule:
     """How a high-depth image's values map to 8 bits: linearly from a window to 0 .. 255, values outside it at its
-    ends. The window is ``declared`` (in the images' units: raw values, Hounsfield units), else ``shares`` of each
-    image's full range (a DP vote's; (0, 1): the full range itself)."""
+    ends. The window is ``declared`` (in the images' units: raw values, Hounsfield units), else each DICOM file's
+    ``own`` (where it states one), else ``shares`` of each image's full range (a DP vote's; (0, 1): the full range
+    itself)."""
 
     declared: Window | None = None
     shares: Window = (0.0, 1.0)
+    own: bool = False  # each DICOM file's own window where it states one (a per-file map: no ε)
 
     def of(self, scan: Scan) -> Window:
         """The window of ``scan`` (a high-depth image)."""
         if self.declared is not None:
             return self.declared
+        if self.own and scan.window is not None:
+            return scan.window
         assert scan.full_range is not None
         low, high = scan.full_range
         return low + self.shares[0] * (high - low), low + self.shares[1] * (high - low)
@@ -127,6 +144,9 @@ class WindowRule:
         """The rule in words, for data info and the datasheet."""
         if self.declared is not None:
             return f"16-bit and DICOM values map to 8 bits from the declared window {list(self.declared)}"
+        if self.own:
+            return ("DICOM values map to 8 bits through each file's own window (its Window Center and Width), "
+                    "16-bit images and DICOM files without one from their type's full range")
         if self.shares == (0.0, 1.0):
             return "16-bit and DICOM values map to 8 bits from their type's full range"
         return (f"16-bit and DICOM values map to 8 bits from {self.shares[0]:.3g} to {self.shares[1]:.3g} of their "

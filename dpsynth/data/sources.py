@@ -36,15 +36,18 @@ class LoadOptions:
     channels: int | str = AUTO
     num_classes: int | None = None
     num_images: int | None = None
-    window: str | Window = AUTO  # auto, full or a declared [low, high] (dpsynth.data.pixels.WindowRule)
+    window: str | Window = AUTO  # auto, full, dicom or a declared [low, high] (dpsynth.data.pixels.WindowRule)
     window_shares: Window | None = None  # the shares of the full range a DP vote decided for window auto
     cache_dir: str | None = None  # where a folder's decoded images are kept (None: not kept)
 
     def window_rule(self, voted: Window | None = None) -> WindowRule:
-        """How high-depth images map to 8 bits: the declared window; for ``auto`` the vote's shares (drawn, else
-        ``voted``), else the full range (``full``, or ``auto`` where no vote ran)."""
+        """How high-depth images map to 8 bits: the declared window; each DICOM file's own for ``dicom``; for
+        ``auto`` the vote's shares (drawn, else ``voted``), else the full range (``full``, or ``auto`` where no vote
+        ran)."""
         if isinstance(self.window, tuple):
             return WindowRule(declared=self.window)
+        if self.window == "dicom":
+            return WindowRule(own=True)
         shares = self.window_shares or (voted if self.window == AUTO else None)
         return WindowRule() if shares is None else WindowRule(shares=shares)
 
