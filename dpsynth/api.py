@@ -111,6 +111,8 @@ def validate_config(config: Config) -> None:
     if privacy.delta is not None:
         check_delta(privacy.delta)
     parse_duration(PlanSettings.of(config).time_budget)
+    if run.time_limit is not None:
+        parse_duration(run.time_limit, "run.time_limit")
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(DatasetSettings.of(config).name)
     hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false

@@ -514,6 +514,9 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
     parser.add_argument("--time-budget", metavar="DURATION",
                         help="with --preset auto: wall time of the whole run, training, sampling and evaluation, "
                              "e.g. 45m or 2h (default: 30m; plan.time_budget)")
+    parser.add_argument("--time-limit", metavar="DURATION",
+                        help="a hard limit, any preset: training stops early (leaving what the plan expects after it) "
+                             "and the run releases what it trained, spending less epsilon (run.time_limit)")
     for option, (key, text, metavar) in shortcuts().items():  # the methods' own (Method.shortcuts)
         parser.add_argument(option, metavar=metavar, help=f"{text} ({key})")
     parser.add_argument("--release-model", action="store_true",
@@ -526,9 +529,10 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
 
 
 def _shortcut_values(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
-    """Each option that stands for a config key (``--time-budget`` and the methods' shortcuts): the option, the key
-    and the value given (None when not)."""
-    options = {"--time-budget": "plan.time_budget", **{option: key for option, (key, _, _) in shortcuts().items()}}
+    """Each option that stands for a config key (``--time-budget``, ``--time-limit`` and the methods' shortcuts): the
+    option, the key and the value given (None when not)."""
+    options = {"--time-budget": "plan.time_budget", "--time-limit": "run.time_limit",
+               **{option: key for option, (key, _, _) in shortcuts().items()}}
     return [(option, key, getattr(args, option[2:].replace("-", "_"))) for option, key in options.items()]
 
 

@@ -138,7 +138,8 @@ class PlanSettings(Section):
 @dataclass(frozen=True, kw_only=True)
 class RunSettings(Section):
     """The ``run`` section: where runs go, a seed (set: the noise is recomputable, the release NOT private), the
-    device, the thread count, and whether a stage may use the private data without noise."""
+    device, the thread count, whether a stage may use the private data without noise, and ``time_limit``: a
+    duration after which training stops and the run releases what it trained (spending less ε)."""
 
     section: ClassVar[str] = "run"
     out_dir: str = "runs"
@@ -146,6 +147,7 @@ class RunSettings(Section):
     device: str = "auto"
     threads: int | Auto = "auto"  # auto or a positive number: dpsynth.hardware.check_threads says which
     allow_non_private: bool = False
+    time_limit: str | None = None  # a duration (45m, 2h) from the command's start; None: train as planned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,7 +386,7 @@ def migrate(config: Config, source: str) -> Config:
     refused then, ``dataset.train_resolution``, ``release.upscaler`` and ``privacy.noisy_images_per_group``, unused
     as it trained at the data's side and priced a group's step at the cap; schema 4 lacks ``dataset.owner``,
     ``dataset.unit_name``, ``release.purpose``, ``privacy.epsilon_reason``, ``privacy.total_epsilon`` and
-    ``privacy.holder_ledger``, all unset then), and one without ``schema`` (schema 0)
+    ``privacy.holder_ledger`` and ``run.time_limit``, all unset then), and one without ``schema`` (schema 0)
     :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the fix for a
     schema this dpsynth does not know."""
     version = config.get("schema", 0)

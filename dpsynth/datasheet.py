@@ -129,7 +129,15 @@ def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.
             f"- Method: `{method.name}`, {method.description}.",
             f"- {method.paper.markdown().removeprefix('**Paper:** ')}",
             f"- Made by dpsynth {made['version']} (commit {made['commit'] or 'unknown'}), released "
-            f"{report['released']}.", *_uncommitted(made['commit'])]
+            f"{report['released']}.", *_uncommitted(made['commit']), *_stopped(report)]
+
+
+def _stopped(report: dict[str, Any]) -> list[str]:
+    """Where the holder's time limit stopped training early: which stage ran how many of its steps."""
+    return [f"- Training stopped early at the data holder's time limit (`run.time_limit`): {stage} ran "
+            f"{ran['steps']:,} of its {ran['planned']:,} planned steps. The guarantee below is that of the steps that "
+            "ran, below the target; the images show what was trained by then." for stage, ran in
+            report.get("stopped_early", {}).items()]
 
 
 def _uncommitted(commit: str | None) -> list[str]:

@@ -42,6 +42,7 @@ from .api import (
     with_public_size,
 )
 from .autoplan.plan import budget_held
+from .autoplan.rules import parse_duration
 from .config import (
     RUN_WRITTEN,
     Config,
@@ -153,7 +154,8 @@ def resumable(path: str) -> RunDirectory:
 
 # What a resumed run of any method may change: where and in what chunks it computes and whether the release holds
 # the model, never what it computes (the privacy plan, the model); a method adds its own (Method.resume_settings).
-RESUME_SETTINGS = ("run.device", "run.threads", "sampling.batch_size", "*.physical_batch_size", "release.model")
+RESUME_SETTINGS = ("run.device", "run.threads", "run.time_limit", "sampling.batch_size", "*.physical_batch_size",
+                   "release.model")
 
 
 def resume_settings(config: Config) -> tuple[str, ...]:
@@ -211,7 +213,7 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     fitting = time.perf_counter()
     with _naming(run):
         try:
-            method, context, budget = _fit(run, dataset, budget, world)
+            method, context, budget = _fit(run, dataset, budget, world, fitting if began is None else began)
         finally:
             world.close()
         if world.is_main:
@@ -244,9 +246,10 @@ def _restored(run: RunDirectory, world: World, settings: dict[str, Any], plan: L
     return received[0], PrivacyLedger.from_dict(received[1], plan=plan)
 
 
-def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World
+def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World, began: float
          ) -> tuple[Method, RunContext, BudgetPlan]:
-    """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit."""
+    """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit, within
+    ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command began) where one is set."""
     if world.is_main:
         dataset = dataset or training_dataset(run.config(), dataset_from_config(run.config()))
     config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
@@ -279,7 +282,10 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
                          generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
                          world=world, governor=governor, settings=settings,
-                         group_cap=PrivacySettings.of(config).max_images_per_group)
+                         group_cap=PrivacySettings.of(config).max_images_per_group,
+                         deadline=None if run_settings.time_limit is None else
+                         began + parse_duration(run_settings.time_limit, "run.time_limit"),
+                         expected=dict(PlanSettings.of(config).expected_seconds or {}))
     method.fit(context)
     return method, context, budget
 
@@ -356,8 +362,9 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     run_settings = RunSettings.of(config)
-    check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=True)
+    check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=not context.stopped)
     report = {**_privacy_report(ledger, accountant, delta, target, dataset.info, method, config),
+              **({"stopped_early": context.stopped} if context.stopped else {}),
               "training_regime": _regime_report(config, dataset.info, budget),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
               "public_data": public_data_digests(method.public_data(dataset.info))}

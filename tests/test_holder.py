@@ -123,3 +123,22 @@ def test_the_datasheets_verdict_is_the_guides_scale():
     assert percent(0.99995) == "99.995 %" and percent(0.881) == "88.1 %"
     assert [near_chance(accuracy, 10) for accuracy in (0.1, 0.18, 0.19)] == [True, True, False]
     assert [near_chance(accuracy, 2) for accuracy in (0.5, 0.54, 0.56)] == [True, True, False]
+
+
+def test_a_time_limit_stops_training_and_releases_what_was_trained_at_the_epsilon_it_spent(tmp_path):
+    overrides = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path / 'runs'}",
+                 "dpsgd.epochs=100", "dpsgd.checkpoint_every=100", "run.time_limit=6s"]
+    config = resolve_config("dpdm", dataset="digits", epsilon=5.0, preset="cpu", overrides=overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny configuration's own warnings
+        run = start(config)
+    report = json.loads(run.file("release/privacy.json").read_text())
+    stopped = report["stopped_early"]["dp-sgd"]
+    assert stopped["steps"] < stopped["planned"] and report["epsilon"] < report["target_epsilon"]
+    ran = PrivacyLedger.load(run.file("ledger.json")).stages()
+    assert sum(event.steps for event in ran.get("dp-sgd", [])) == stopped["steps"]
+    assert f"dp-sgd ran {stopped['steps']:,} of its {stopped['planned']:,} planned steps" in \
+        run.file("release/README.md").read_text()
+    assert HolderLedger().releases()[-1].epsilon == pytest.approx(report["epsilon"])
+    with pytest.raises(ConfigError, match="run.time_limit must be a duration"):
+        resolve_config("dpdm", dataset="digits", preset="cpu", overrides=["run.time_limit=soon"])

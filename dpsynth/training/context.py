@@ -2,6 +2,7 @@
 checkpoints and the run's side files, on one process or several."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -59,6 +60,9 @@ class RunContext:
     example_generator: torch.Generator = None  # type: ignore[assignment]  # set in __post_init__
     settings: dict[str, Any] = field(default_factory=dict)  # what every checkpoint stores: a resume must keep it
     group_cap: int = 16  # privacy.max_images_per_group: a group's images a DP-SGD step reads, at most
+    deadline: float | None = None  # run.time_limit: the time.perf_counter() by which the run should end
+    expected: dict[str, float] = field(default_factory=dict)  # a derived plan's expected seconds by phase
+    stopped: dict[str, dict[str, int]] = field(default_factory=dict)  # stages the time limit cut: steps run, planned
 
     released_values: dict[str, Any] = field(init=False)
     _random_continued: bool = field(init=False, default=False)
@@ -158,8 +162,37 @@ class RunContext:
             self.log("threads", threads=threads)
 
     def progress(self, total: int, desc: str, initial: int = 0) -> PrivacyProgress:
+        """A progress bar over ``total`` steps of stage ``desc`` that shows ε so far and, where the plan expects
+        what follows the stage, when the whole run should end."""
         return PrivacyProgress(total, self.ledger, self.accountant, self.delta, desc, initial,
-                               enabled=self.world.is_main)
+                               enabled=self.world.is_main, after_seconds=self.seconds_after(desc))
+
+    def seconds_after(self, stage: str) -> float | None:
+        """The seconds a derived plan expects the phases after ``stage``'s to take (the phase named by the stage
+        or its section, e.g. ``dp-sgd (dpsgd)``); None without a plan."""
+        phases = [name for name in self.expected if name != "total"]
+        mine = next((i for i, name in enumerate(phases) if name.split(" (")[0] == stage or f"({stage})" in name),
+                    None)
+        if mine is None:
+            return None
+        return sum(self.expected[name] for name in phases[mine + 1:])
+
+    def out_of_time(self, stage: str) -> bool:
+        """Whether training ``stage`` further would take the run past ``run.time_limit`` (what the plan expects
+        after the stage kept in reserve); the same answer on every rank."""
+        if self.deadline is None:
+            return False
+        late = time.perf_counter() + (self.seconds_after(stage) or 0.0) > self.deadline
+        return bool(self.world.broadcast_object(late if self.world.is_main else None))
+
+    def stop_early(self, stage: str, step: int, planned: int) -> None:
+        """Record that the time limit stopped ``stage`` after ``step`` of its ``planned`` steps: the release spends
+        the ε of the steps that ran."""
+        self.stopped[stage] = {"steps": step, "planned": planned}
+        self.log("stopped by run.time_limit", stage=stage, steps=step, planned=planned)
+        if self.world.is_main:
+            print(f"run.time_limit: training of {stage} stopped after {step:,} of {planned:,} steps; the run "
+                  "releases what it trained, at the ε of the steps that ran", flush=True)
 
     def log(self, event: str, **fields: Any) -> None:
         if self.world.is_main:

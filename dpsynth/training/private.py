@@ -115,6 +115,10 @@ class PrivateTraining:
         progress = context.progress(self.steps, self.stage, initial=step)
         first = step
         while step < self.steps:
+            if context.out_of_time(self.stage):
+                context.checkpoint(self.stage, step, **parts)
+                context.stop_early(self.stage, step, self.steps)
+                break
             with memory_limited_by(*self.memory_setting, f"taking DP-SGD steps of {self.stage}"):
                 stats = engine.step(make_batch)
             if step == first:  # the engine chose its per-example gradients at this step
