@@ -311,22 +311,27 @@ def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: 
                        "running", budget.delta, budget.accountant.kind, budget.stages)
 
 
-def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> Total | None:
-    """The ε of every release counted from this data and the run ``run`` at its plan, all together; ConfigError
-    over ``privacy.total_epsilon`` (the holder's cap). None when the holder set no cap."""
+def with_earlier_releases(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str = "") -> Total:
+    """The ε of every release counted from this data (but the run ``run``) and a run of ``config`` at its plan, all
+    together."""
+    earlier = holder_ledger(config).counted(data_key(config), without=run)
+    return total([*earlier, planned_release(config, info, budget, run)], budget.accountant.kind)
+
+
+def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> None:
+    """ConfigError when the run ``run`` at its plan would take every release counted from this data over
+    ``privacy.total_epsilon`` (the holder's cap) together."""
     cap = PrivacySettings.of(config).total_epsilon
     if cap is None:
-        return None
-    ledger = holder_ledger(config)
-    earlier = ledger.counted(data_key(config), without=run)
-    found = total([*earlier, planned_release(config, info, budget, run)], budget.accountant.kind)
+        return
+    found = with_earlier_releases(config, info, budget, run)
+    earlier = found.releases[:-1]
     if found.epsilon is None or found.epsilon > cap * (1 + 1e-9):
         spent = "no DP guarantee" if found.epsilon is None else f"ε = {found.epsilon:.4f}"
         raise ConfigError(f"privacy.total_epsilon = {cap:g}: this run at ε = {budget.target:g} and the "
                           f"{len(earlier)} earlier release(s) from {data_key(config)} would spend {spent} together "
                           f"(δ = {found.delta:.3g}); nothing was run. `dpsynth budget` lists them; mark one never "
                           "shared (`dpsynth budget --not-shared RUN`), lower privacy.epsilon, or raise the cap")
-    return found
 
 
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:

@@ -171,6 +171,7 @@ def _privacy(args: argparse.Namespace) -> None:
         recommended_recipe,
         resolve_config,
         training_regime,
+        with_earlier_releases,
     )
     from .utils.device import pick_device
 
@@ -201,6 +202,10 @@ def _privacy(args: argparse.Namespace) -> None:
         for line in recommendation.lines() if recommendation else []:
             print(line)
         print(f"unit of privacy: {dataset.info.unit_words()}")
+        together = with_earlier_releases(config, dataset.info, budget)
+        if len(together.releases) > 1:
+            print(f"with the {len(together.releases) - 1} earlier release(s) from this data (dpsynth budget), "
+                  f"{together.words()}")
 
 
 def _budget(args: argparse.Namespace) -> None:

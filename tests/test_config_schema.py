@@ -99,7 +99,7 @@ def test_a_schema_4_file_reads_as_it_ran_with_no_holder_fields_and_no_cap():
     config = resolve_config("dpdm", dataset="digits", preset="cpu")
     old = {**copy.deepcopy(config), "schema": 4}
     holder = (("dataset", "owner"), ("dataset", "unit_name"), ("release", "purpose"), ("privacy", "epsilon_reason"),
-              ("privacy", "total_epsilon"), ("privacy", "holder_ledger"))
+              ("privacy", "total_epsilon"), ("privacy", "holder_ledger"), ("run", "time_limit"))
     for section, key in holder:
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")

@@ -36,11 +36,14 @@ def write_patients(root, patients: int = 12, scans: int = 2, side: int = 28) -> 
             Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).save(folder / f"scan-{scan}.png")
 
 
+def settings(tmp_path) -> list[str]:
+    return [*MERF, f"run.out_dir={tmp_path / 'runs'}", "privacy.dataset_size=12", "dataset.val_size=1",
+            "dataset.test_size=1", "dataset.resolution=28", "dataset.channels=1"]
+
+
 def release(tmp_path, *extra: str):
     config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / "scans"), epsilon=2.0, preset="cpu",
-                            overrides=[*MERF, f"run.out_dir={tmp_path / 'runs'}", "privacy.dataset_size=12",
-                                       "dataset.val_size=1", "dataset.test_size=1", "dataset.resolution=28",
-                                       "dataset.channels=1", *extra])
+                            overrides=[*settings(tmp_path), *extra])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny configuration's own warnings
         return start(config)
@@ -65,6 +68,11 @@ def test_a_folder_released_twice_shows_both_and_their_composed_epsilon_and_a_cap
     assert main(["budget", str(tmp_path / "scans")]) == 0
     shown = capsys.readouterr().out
     assert shown.count("released") >= 2 and f"all 2 together: ε = {together:.4f}" in shown
+    plan = ["privacy", "dp-merf", "--dataset", "folder", "--data-dir", str(tmp_path / "scans"), "--epsilon", "2",
+            "--preset", "cpu", *(arg for item in settings(tmp_path) for arg in ("--set", item))]
+    assert main(plan) == 0  # before a third: what all three would spend
+    assert "with the 2 earlier release(s) from this data (dpsynth budget), all 3 together: ε = " in \
+        capsys.readouterr().out
 
     before = len(HolderLedger().releases())
     with pytest.raises(ConfigError, match=r"privacy.total_epsilon = 4: .* 2 earlier release\(s\)"):

@@ -171,9 +171,9 @@ def test_a_decoded_folder_is_cached_privately_and_read_back_as_a_memory_map(tmp_
 
 
 def test_a_window_is_declared_as_low_below_high():
-    with pytest.raises(ConfigError, match=r"dataset.window must be auto, full or \[low, high\] with low below high"):
+    with pytest.raises(ConfigError, match=r"dataset.window must be auto, full, dicom or \[low, high\] with low below"):
         resolve_config("dpdm", dataset="folder", overrides=["dataset.window=[5, 1]"])
-    with pytest.raises(ConfigError, match="dataset.window must be auto or full or a list"):
+    with pytest.raises(ConfigError, match="dataset.window must be auto or full or dicom or a list"):
         resolve_config("dpdm", dataset="folder", overrides=["dataset.window=wide"])
 
 
