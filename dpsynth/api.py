@@ -306,7 +306,7 @@ def holder_ledger(config: Config) -> HolderLedger:
 
 def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
     """The holder's ledger entry of a run of ``config`` at its plan, before any mechanism ran."""
-    unit = "a group (person)" if info.unit == "group" else "an image"
+    unit = DatasetSettings.of(config).unit_name or ("person" if info.unit == "group" else "image")
     return HeldRelease(data_key(config), run, config["method"], unit, time.strftime("%Y-%m-%d", time.gmtime()),
                        "running", budget.delta, budget.accountant.kind, budget.stages)
 

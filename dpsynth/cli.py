@@ -240,9 +240,10 @@ def _budget(args: argparse.Namespace) -> None:
         counted = [entry for entry in every if entry.shared]
         if counted:
             running = sum(entry.status == "running" for entry in counted)
-            print(f"the {len(counted)} counted (shared) {total(counted).words()}" + (
+            print(f"{len(counted)} counted (shared), {total(counted).words()}" + (
                 f"; {running} not released yet, counted at its plan" if running else ""))
-        if len({entry.unit for entry in counted}) > 1:
+        units = {entry.unit for entry in counted}
+        if "image" in units and len(units) > 1:
             print("note: these releases protect different units; a release whose unit is an image protects a "
                   "person with k images only as k records")
 
@@ -260,6 +261,17 @@ def _clean(args: argparse.Namespace) -> None:
         print(f"{folder}: removed {files:,} file(s), {size / 2 ** 20:,.1f} MiB ({what})")
     print("kept: the holder's ledger of releases and the evaluation's selection ledgers (~/.local/share/dpsynth), "
           "the public upscalers, and every run directory (delete those you no longer need yourself)")
+
+
+def _officer(args: argparse.Namespace) -> None:
+    from .officer import officer_pdf, write_officer_page
+    from .runs import PRIVACY, RunDirectory
+
+    run = RunDirectory.open(args.run_dir)
+    if not run.file(PRIVACY).is_file():
+        raise DpsynthError(f"{run.path}: not released yet; the officer's page is written with the release")
+    written = officer_pdf(run, Path(args.pdf)) if args.pdf else write_officer_page(run)
+    print(f"wrote {written} (private: it holds the release's evaluation against the real images)")
 
 
 def _without_nproc(argv: Sequence[str]) -> list[str]:
@@ -623,6 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the holder's ledger to read (default $DPSYNTH_RELEASES, else "
                              "~/.local/share/dpsynth/releases.json)")
     budget.set_defaults(handler=_budget)
+
+    officer = commands.add_parser("officer", help="write a released run's officer.html again (the datasheet to sign, "
+                                                  "with its evaluation), or print it to PDF")
+    officer.add_argument("run_dir", help="a released run directory")
+    officer.add_argument("--pdf", metavar="FILE", help="print the page to this PDF with a headless Chromium or Chrome")
+    officer.set_defaults(handler=_officer)
 
     clean = commands.add_parser("clean", help="remove every private cache: decoded images of your folders (partial "
                                               "files of stopped runs included) and features of real images")

@@ -1,12 +1,14 @@
 """``officer.html``: the release's datasheet as one page a privacy officer reads and signs before the release is
 shared, with what only the data holder may see beside it: the release's own evaluation against the real images,
 summarised, with a plain warning when it found the images useless. Written at release and after each evaluation;
-PRIVATE to the data holder, like ``report.html`` (it measures the release against private data). Print it to PDF
-from any browser; its print style keeps the sign-off block on the last page."""
+PRIVATE to the data holder, like ``report.html`` (it measures the release against private data). ``dpsynth officer
+RUN_DIR --pdf FILE`` prints it to PDF with a headless Chromium; any browser prints it too."""
 from __future__ import annotations
 
 import html
 import json
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import markdown
 import numpy as np
 
+from .errors import DpsynthError
 from .evaluation.evaluate import METRICS
 from .runs import DATASHEET, SYNTHETIC, RunDirectory
 from .utils.io import atomic_write_text
@@ -69,6 +72,26 @@ def evaluation_summary(metrics: dict[str, Any], classes: int) -> list[str]:
                      f"(δ = {spent['delta']:.3g}) in the validation images' own ledger, beside the release's.</li>")
     return [line for line in lines if not line.startswith("<li>")] + [
         "<ul>", *(line for line in lines if line.startswith("<li>")), "</ul>"]
+
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def officer_pdf(run: RunDirectory, out: Path) -> Path:
+    """``officer.html`` rewritten and printed to the PDF ``out`` by a headless Chromium or Chrome on the PATH;
+    DpsynthError when there is none or it fails."""
+    page = write_officer_page(run)
+    browser = next((found for name in BROWSERS if (found := shutil.which(name))), None)
+    if browser is None:
+        raise DpsynthError(f"printing {page} to PDF needs Chromium or Chrome on the PATH ({', '.join(BROWSERS)}); "
+                           "or open the page in any browser and print it to PDF")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-pdf-header-footer",
+                           f"--print-to-pdf={out.resolve()}", page.resolve().as_uri()], capture_output=True, text=True,
+                          timeout=120)
+    if not out.is_file() or out.stat().st_size == 0:
+        raise DpsynthError(f"{browser} did not print {page} to {out} (exit {done.returncode}): {done.stderr[-500:]}")
+    return out
 
 
 def write_officer_page(run: RunDirectory) -> Path:

@@ -55,7 +55,7 @@ def test_a_folder_released_twice_shows_both_and_their_composed_epsilon_and_a_cap
     held = HolderLedger().releases()
     assert store_path().name == "releases.json" and [entry.run for entry in held] == [
         str(first.path.resolve()), str(second.path.resolve())]
-    assert {entry.status for entry in held} == {"released"} and {entry.unit for entry in held} == {"a group (person)"}
+    assert {entry.status for entry in held} == {"released"} and {entry.unit for entry in held} == {"person"}
     assert oct(store_path().stat().st_mode & 0o777) == "0o600"
     ledgers = [PrivacyLedger.load(run.file("ledger.json")) for run in (first, second)]
     delta = min(json.loads(run.file("release/privacy.json").read_text())["delta"] for run in (first, second))
@@ -67,7 +67,7 @@ def test_a_folder_released_twice_shows_both_and_their_composed_epsilon_and_a_cap
 
     assert main(["budget", str(tmp_path / "scans")]) == 0
     shown = capsys.readouterr().out
-    assert shown.count("released") >= 2 and f"all 2 together: ε = {together:.4f}" in shown
+    assert shown.count("released") >= 2 and f"2 counted (shared), all 2 together: ε = {together:.4f}" in shown
     plan = ["privacy", "dp-merf", "--dataset", "folder", "--data-dir", str(tmp_path / "scans"), "--epsilon", "2",
             "--preset", "cpu", *(arg for item in settings(tmp_path) for arg in ("--set", item))]
     assert main(plan) == 0  # before a third: what all three would spend
@@ -117,6 +117,8 @@ def test_the_datasheet_of_a_folder_run_gives_the_officer_the_verdict_the_public_
                  "FID", "Sign-off", "Choosing the classifiers on the private validation images spent ε = 0.94"):
         assert said in shown, said
     assert ("Near chance:" in shown) == near_chance(accuracy, 2)
+    assert main(["officer", str(run.path), "--pdf", str(tmp_path / "signed" / "officer.pdf")]) == 0
+    assert (tmp_path / "signed" / "officer.pdf").read_bytes().startswith(b"%PDF")
     assert "For the data holder only" not in sheet
 
 

@@ -36,7 +36,8 @@ def store_path() -> Path:
 @dataclass(frozen=True)
 class HeldRelease:
     """One run's release from the data set ``data`` (:func:`~dpsynth.api.data_key`): its mechanisms by stage (planned
-    while ``status`` is ``running``, spent once ``released``), its (ε, δ), unit and whether the holder shared it."""
+    while ``status`` is ``running``, spent once ``released``), its (ε, δ), unit (person, image, or the holder's name
+    for a person) and whether the holder shared it."""
 
     data: str
     run: str
