@@ -48,14 +48,14 @@ def evaluation_summary(metrics: dict[str, Any], classes: int) -> list[str]:
     if not metrics:
         return ["<p>Not evaluated: <code>dpsynth evaluate RUN_DIRECTORY</code> measures the release against the real "
                 "images before an officer signs.</p>"]
-    lines, chance = [], 1 / classes
+    warnings, lines, chance = [], [], 1 / classes
     for name, result in metrics.get("accuracy", {}).items():
         accuracy = result["test_accuracy"]
         lines.append(f"<li>A {html.escape(name)} classifier trained on {result['trained_on']:,} released images "
                      f"scores <strong>{100 * accuracy:.1f} %</strong> on {result['test_size']:,} real test images "
                      f"(chance: {100 * chance:.1f} %; {len(result.get('seeds', [result]))} seed(s)).</li>")
         if near_chance(accuracy, classes):
-            lines.insert(0, f'<p class="warning"><strong>Near chance:</strong> a {html.escape(name)} classifier '
+            warnings.append(f'<p class="warning"><strong>Near chance:</strong> a {html.escape(name)} classifier '
                             f"trained on this release does little better than guessing ({100 * accuracy:.1f} % "
                             f"against {100 * chance:.1f} %). The release spends its ε and shows almost nothing of "
                             "the classes: consider not sharing it (mark it with <code>dpsynth budget --not-shared"
@@ -70,8 +70,7 @@ def evaluation_summary(metrics: dict[str, Any], classes: int) -> list[str]:
     if spent.get("epsilon") is not None:
         lines.append(f"<li>Choosing the classifiers on the private validation images spent ε = {spent['epsilon']:.2f} "
                      f"(δ = {spent['delta']:.3g}) in the validation images' own ledger, beside the release's.</li>")
-    return [line for line in lines if not line.startswith("<li>")] + [
-        "<ul>", *(line for line in lines if line.startswith("<li>")), "</ul>"]
+    return [*warnings, "<ul>", *lines, "</ul>"]
 
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")

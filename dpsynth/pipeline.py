@@ -189,11 +189,11 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
                               "its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     validate_config(config)  # release.model=true for a method that has no model to release, say
-    config = _with_shape(run, config)
+    world = World.from_environment(pick_device(RunSettings.of(config).device))
+    config = world.broadcast_object(_with_shape(run, config) if world.is_main else None)  # one draw for every rank
     full = dataset_from_config(config)
     dataset = training_dataset(config, full)
     check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
-    world = World.from_environment(pick_device(RunSettings.of(config).device))
     if world.is_main:
         check_upscaler(config, dataset.info, full, world.device(pick_device(RunSettings.of(config).device)))
     del full

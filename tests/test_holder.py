@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from dpsynth.methods import METHODS
 from dpsynth.officer import near_chance
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, PrivacyLedger
+from dpsynth.privacy.progress import PrivacyProgress
 from dpsynth.privacy.releases import HolderLedger, store_path
+from dpsynth.training.context import seconds_after
 
 MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
@@ -152,3 +155,15 @@ def test_a_time_limit_stops_training_and_releases_what_was_trained_at_the_epsilo
     assert HolderLedger().releases()[-1].epsilon == pytest.approx(report["epsilon"])
     with pytest.raises(ConfigError, match="run.time_limit must be a duration"):
         resolve_config("dpdm", dataset="digits", preset="cpu", overrides=["run.time_limit=soon"])
+
+
+def test_the_progress_bar_says_when_the_whole_run_ends_from_what_the_plan_expects_after_training():
+    expected = {"startup": 20.0, "teacher (teacher)": 600.0, "student (student)": 300.0, "sampling": 120.0,
+                "evaluation": 60.0, "total": 1100.0}
+    assert [seconds_after(expected, stage) for stage in ("teacher", "student", "dp-sgd")] == [480.0, 180.0, None]
+    bar = PrivacyProgress(10, PrivacyLedger(), Accountant("rdp"), 1e-5, "teacher", after_seconds=3600.0)
+    bar.update()
+    ends = bar.bar.postfix.split("run ends=")[1][:5]
+    assert re.fullmatch(r"\d\d:\d\d", ends) and ends == time.strftime("%H:%M", time.localtime(time.time() + 3600)) \
+        or ends == time.strftime("%H:%M", time.localtime(time.time() + 3540))  # a minute turning over
+    bar.close()

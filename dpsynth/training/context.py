@@ -168,14 +168,8 @@ class RunContext:
                                enabled=self.world.is_main, after_seconds=self.seconds_after(desc))
 
     def seconds_after(self, stage: str) -> float | None:
-        """The seconds a derived plan expects the phases after ``stage``'s to take (the phase named by the stage
-        or its section, e.g. ``dp-sgd (dpsgd)``); None without a plan."""
-        phases = [name for name in self.expected if name != "total"]
-        mine = next((i for i, name in enumerate(phases) if name.split(" (")[0] == stage or f"({stage})" in name),
-                    None)
-        if mine is None:
-            return None
-        return sum(self.expected[name] for name in phases[mine + 1:])
+        """The seconds the run's derived plan expects after ``stage`` (:func:`seconds_after`)."""
+        return seconds_after(self.expected, stage)
 
     def out_of_time(self, stage: str) -> bool:
         """Whether training ``stage`` further would take the run past ``run.time_limit`` (what the plan expects
@@ -250,3 +244,13 @@ def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of ``module``'s state dict on the CPU: a value :meth:`RunContext.released` keeps must not follow the
     module as it trains on."""
     return {name: value.detach().cpu().clone() for name, value in module.state_dict().items()}
+
+
+def seconds_after(expected: Mapping[str, float], stage: str) -> float | None:
+    """The seconds a derived plan (``expected``: seconds by phase, in order) expects the phases after ``stage``'s to
+    take (the phase named by the stage or its section, e.g. ``dp-sgd (dpsgd)``); None where no phase is the stage's."""
+    phases = [name for name in expected if name != "total"]
+    mine = next((i for i, name in enumerate(phases) if name.split(" (")[0] == stage or f"({stage})" in name), None)
+    if mine is None:
+        return None
+    return sum(expected[name] for name in phases[mine + 1:])
