@@ -218,15 +218,24 @@ def draws_noisy_size(info: DatasetInfo) -> bool:
     return info.size_rule in ("noisy", "private")
 
 
+LEAST_TRAIN = 2  # training units a noisy count is raised to at least
+
+
 def noisy_total(dataset: Dataset, config: Config) -> int:
     """The number of units (images, or groups) of ``dataset`` (all splits but an official test part) plus
     N(0, SIZE_NOISE^2), rounded, from a stream of its own (the caller records :data:`SIZE_STAGE`), raised to the
-    least total that leaves ``config``'s splits a training unit: a clamp, post-processing, where a refusal and a
-    fresh draw would make the published count depend on the exact one."""
+    least total that leaves ``config``'s splits the training units δ needs: a clamp, post-processing, where a refusal
+    and a fresh draw would make the published count depend on the exact one (a warning says to declare the size)."""
     info = dataset.info
     exact = sum(size for split, size in info.unit_counts.items() if split != "test" or not info.official_test)
     noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(RunSettings.of(config).seed, SIZE_STAGE)))
-    return max(noisy, least_total(*held_out_of(config), info.official_test))
+    least = least_total(*held_out_of(config), info.official_test)
+    if noisy < least:
+        warnings.warn(f"{info.name}: the noisy count of the data's size came out at {noisy}, below the {least} its "
+                      f"splits need, and was raised to {least}: the data is too small for a count with noise of std "
+                      f"{SIZE_NOISE:g}; declare its size instead (privacy.dataset_size=N, no epsilon spent)",
+                      PrivacyWarning, stacklevel=2)
+    return max(noisy, least)
 
 
 def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
@@ -250,15 +259,16 @@ def noisy_images_per_group(dataset: Dataset, config: Config) -> float:
 
 
 def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) -> int:
-    """The smallest number of units that the validation and test sizes leave one training unit (a loaded
-    dataset's own total does, so the search ends)."""
-    total = 1
+    """The smallest number of units that the validation and test sizes leave :data:`LEAST_TRAIN` training units (the
+    fewest the default δ = 1 / (N ln N) takes)."""
+    total = LEAST_TRAIN
     while True:
         try:
-            train_size(total, val_size, test_size, official_test, "")
-            return total
+            if train_size(total, val_size, test_size, official_test, "") >= LEAST_TRAIN:
+                return total
         except DataError:
-            total += 1
+            pass
+        total += 1
 
 
 def resolve_delta(config: Config, num_train: int) -> float:
