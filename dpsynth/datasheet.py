@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .api import HOLDER_SOURCES, SHAPE_STAGE
-from .config import Config, DatasetSettings, PrivacySettings, ReleaseSettings
+from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, ReleaseSettings
 from .data import DatasetInfo
 from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
@@ -301,10 +301,6 @@ REGIME_WORDS = {"learns": "where a recorded run with as much noise and no more s
                          "learned nothing"}
 
 
-def _selection(config: Config) -> str:
-    return f"{config.get('evaluation', {}).get('selection_epsilon', 1.0):g}"
-
-
 def _regime(report: dict[str, Any]) -> list[str]:
     """What the recorded outcomes said of the DP-SGD plan before it ran, and whether the holder forced it."""
     lines = []
@@ -320,13 +316,13 @@ def _regime(report: dict[str, Any]) -> list[str]:
 
 
 def _not(report: dict[str, Any], config: Config) -> list[str]:
-    unit = report["unit"].split(":")[0]
+    unit, selection = report["unit"].split(":")[0], EvaluationSection.of(config).selection_epsilon
     return ["## What this release is not", "",
             f"- Not a guarantee beyond (ε, δ): it bounds how much the release can change when {unit} is added or "
             "removed, nothing more; what is listed as public above is not protected.",
             "- Not a utility guarantee: nothing here says the images are good for a purpose. Their evaluation "
             "against real data is private to the data holder and is not part of this release; where it selects "
-            f"classifiers on the private validation images it spends ε = {_selection(config)} more on those images, "
+            f"classifiers on the private validation images it spends ε = {selection:g} more on those images, "
             "in a ledger of its own (its result stays with the holder).",
             *_regime(report),
             "- Not the private data: no private image is released; the images come from the method's model, "
