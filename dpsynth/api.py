@@ -373,7 +373,10 @@ TRAINING_STAGE = "dp-sgd"
 def training_regime(config: Config, info: DatasetInfo, budget: BudgetPlan) -> list[Assessment]:
     """The recorded outcomes' verdict on each calibrated DP-SGD step of ``config``'s stage :data:`TRAINING_STAGE`
     (:mod:`dpsynth.autoplan.regime`): sigma, the expected batch q x N, the steps and the side, all public."""
-    start: Start = "public model" if get_method(config["method"])(config).starts_from_public_model() else "random"
+    method = get_method(config["method"])(config)
+    if not method.pixel_regime:
+        return []
+    start: Start = "public model" if method.starts_from_public_model() else "random"
     return [assess(PlannedTraining(TRAINING_STAGE, event.noise_multiplier, event.sample_rate * info.num_train,
                                    event.steps, info.height, start))
             for event in budget.stages.get(TRAINING_STAGE, []) if isinstance(event, SubsampledGaussianMechanism)]
@@ -449,7 +452,12 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
         config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()),
                                        f"release.upscaler {upscaler.name!r} ready in "
                                        f"{time.perf_counter() - started:.0f} s (public images only)"]
-    # the budget covers the whole command: what the side search and the upscaler took is spent already
+    if draw_size and config["preset"] == AUTO_PRESET:  # the method's public parts, trained once, within the budget
+        ready = get_method(config["method"])(config).ready_public_parts(info, device)
+        if ready:
+            config = copy.deepcopy(config)
+            config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()), *ready]
+    # the budget covers the whole command: what the side search and the public parts took is spent already
     return derive_config(config, info, device, spent=time.perf_counter() - began), training_dataset(config, dataset)
 
 
@@ -486,7 +494,8 @@ def with_training_side(config: Config, info: DatasetInfo, device: torch.device) 
 
     kept = PlanSettings.of(config).user_keys
     smaller = [side for side in TRAINING_SIDES if 2 * side <= info.height]  # a lift of less than 2x buys little
-    recorded = "dpsgd" in get_method(config["method"]).dpsgd_sections  # a diffusion model's DP-SGD (TRAINING_STAGE)
+    method = get_method(config["method"])  # a diffusion model's DP-SGD on pixels (TRAINING_STAGE), as recorded
+    recorded = "dpsgd" in method.dpsgd_sections and method.pixel_regime
     if config["preset"] != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
         return config
     tried: list[tuple[int, Verdict, Config]] = []

@@ -101,24 +101,39 @@ def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pretrain_upscaler(args: argparse.Namespace) -> None:
-    """``dpsynth pretrain --upscaler``: a release's upscaler trained on a public dataset at its resolution."""
-    from .training.upscaler import UpscalerTraining, train_upscaler
+def _pretrain_part(args: argparse.Namespace) -> None:
+    """``dpsynth pretrain --upscaler`` or ``--autoencoder``: a release's upscaler, or DP-LDM's autoencoder, trained on
+    a public dataset at its resolution."""
     from .utils.device import pick_device
 
+    option = "--upscaler" if args.upscaler else "--autoencoder"
+    if args.upscaler and args.autoencoder:
+        raise DpsynthError("give --upscaler or --autoencoder, not both: each trains its own public part")
     if args.for_method or args.preset or any(not item.startswith("dataset.") for item in args.set):
-        raise DpsynthError("--upscaler trains the release's upscaler: give it --dataset, --out, --iterations, "
+        raise DpsynthError(f"{option} trains a public part of a run: give it --dataset, --out, --iterations, "
                            "--batch-size, --lr and --set dataset.*, not --for, --preset or model keys")
     dataset = _load_dataset(args.dataset, args.data_dir, args.set)
-    side = dataset.info.height
-    training = UpscalerTraining(iterations=args.iterations or UpscalerTraining.iterations,
-                                batch_size=args.batch_size or UpscalerTraining.batch_size,
-                                lr=args.lr or UpscalerTraining.lr)
-    saved = train_upscaler([dataset.train], side, args.out, training, pick_device(args.device or "auto"),
-                           Path(args.out).name, f"dataset {args.dataset} ({dataset.info.source})")
-    print(f"saved an upscaler to {side} px trained on {len(dataset.train)} public {args.dataset} images: "
-          f"{saved.folder} (weights' SHA-256 {saved.weights_sha256})")
-    print(f"lift a release made smaller with it: dpsynth run METHOD --set release.upscaler={saved.folder} ...")
+    side, device, described = dataset.info.height, pick_device(args.device or "auto"), \
+        f"dataset {args.dataset} ({dataset.info.source})"
+    if args.upscaler:
+        from .training.upscaler import UpscalerTraining, train_upscaler
+        upscaling = UpscalerTraining(iterations=args.iterations or UpscalerTraining.iterations,
+                                     batch_size=args.batch_size or UpscalerTraining.batch_size,
+                                     lr=args.lr or UpscalerTraining.lr)
+        saved = train_upscaler([dataset.train], side, args.out, upscaling, device, Path(args.out).name, described)
+        what, use = f"an upscaler to {side} px", f"release.upscaler={saved.folder}"
+    else:
+        from .models.autoencoder import default_shape
+        from .training.autoencoder import AutoencoderTraining, train_autoencoder
+        encoding = AutoencoderTraining(iterations=args.iterations or AutoencoderTraining.iterations,
+                                       batch_size=args.batch_size or AutoencoderTraining.batch_size,
+                                       lr=args.lr or AutoencoderTraining.lr)
+        saved = train_autoencoder([dataset.train], args.out, encoding, default_shape(side), device,
+                                  Path(args.out).name, described)
+        what, use = f"an autoencoder of {side} px images", f"autoencoder.path={saved.folder}"
+    print(f"saved {what} trained on {len(dataset.train)} public {args.dataset} images: {saved.folder} (weights' "
+          f"SHA-256 {saved.weights_sha256})")
+    print(f"use it: dpsynth run {'METHOD' if args.upscaler else 'dp-ldm'} --set {use} ...")
 
 
 def _pretrain(args: argparse.Namespace) -> None:
@@ -126,8 +141,8 @@ def _pretrain(args: argparse.Namespace) -> None:
     from .diffusion.pretrain import pretrain
     from .utils.device import pick_device
 
-    if args.upscaler:
-        _pretrain_upscaler(args)
+    if args.upscaler or args.autoencoder:
+        _pretrain_part(args)
         return
     dataset_keys = [item for item in args.set if item.startswith("dataset.")]
     method_keys = [item for item in args.set if not item.startswith("dataset.")]
@@ -260,7 +275,7 @@ def _clean(args: argparse.Namespace) -> None:
         files, size = clear_cache(folder)
         print(f"{folder}: removed {files:,} file(s), {size / 2 ** 20:,.1f} MiB ({what})")
     print("kept: the holder's ledger of releases and the evaluation's selection ledgers (~/.local/share/dpsynth), "
-          "the public upscalers, and every run directory (delete those you no longer need yourself)")
+          "the public upscalers and autoencoders, and every run directory (delete those you no longer need yourself)")
 
 
 def _officer(args: argparse.Namespace) -> None:
@@ -343,6 +358,23 @@ def _run(args: argparse.Namespace) -> None:
             return
         run = start(config, began)
     if os.environ.get("RANK", "0") == "0" and run.file(METRICS).exists():  # rank 0 writes the metrics
+        print(_format_metrics(json.loads(run.file(METRICS).read_text())))
+
+
+def _rehearse(args: argparse.Namespace) -> None:
+    began = time.perf_counter()
+    from .api import resolve_config
+    from .evaluation import METRICS
+    from .rehearsal import rehearse
+
+    if args.epsilon is None:
+        raise DpsynthError("dpsynth rehearse needs --epsilon: the target of the private run it rehearses")
+    overrides = _method_overrides(args) + ([f"run.device={args.device}"] if args.device else [])
+    config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
+                            data_dir=args.data_dir, overrides=overrides)
+    run = rehearse(config, args.stand_in, args.stand_in_dir, args.shrink, args.classes, began)
+    if run.file(METRICS).exists():
+        print(f"a public stand-in's outcome ({args.stand_in}), not the private data's:")
         print(_format_metrics(json.loads(run.file(METRICS).read_text())))
 
 
@@ -609,12 +641,15 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--upscaler", action="store_true",
                           help="train the release's upscaler instead (release.upscaler): it lifts a release made at a "
                                "smaller dataset.train_resolution to the public images' resolution")
+    pretrain.add_argument("--autoencoder", action="store_true",
+                          help="train DP-LDM's autoencoder instead (autoencoder.path): its latent space, for images "
+                               "of the public images' shape")
     pretrain.add_argument("--iterations", type=int, help=f"Adam steps (default {PretrainSettings.iterations}; "
-                                                         "300 with --upscaler)")
+                                                         "300 with --upscaler, 600 with --autoencoder)")
     pretrain.add_argument("--batch-size", type=int, help=f"images per step (default {PretrainSettings.batch_size}; "
-                                                         "16 with --upscaler)")
+                                                         "16 with --upscaler, 32 with --autoencoder)")
     pretrain.add_argument("--lr", type=float, help=f"Adam's learning rate (default {PretrainSettings.lr:g}; 0.002 "
-                                                   "with --upscaler)")
+                                                   "with --upscaler, 0.001 with --autoencoder)")
     pretrain.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
     _add_set(pretrain, "dataset.resolution=32")
     pretrain.set_defaults(handler=_pretrain)
@@ -656,6 +691,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc", type=int, default=1, metavar="N",
                      help="run in N processes on this machine (one per GPU; gloo on the CPU) through torchrun")
     run.set_defaults(handler=_run)
+
+    rehearsal = commands.add_parser("rehearse", help="run a plan on a PUBLIC stand-in of the private data's declared "
+                                                     "shape and size, cheaper, at zero epsilon: what it would reach")
+    rehearsal.add_argument("method", help=f"one of: {', '.join(sorted(METHODS))}")
+    _add_method_options(rehearsal, "target epsilon of the private run rehearsed (required)")
+    rehearsal.add_argument("--stand-in", default="glyphs", metavar="DATASET",
+                           help="the public dataset to rehearse on (default glyphs: characters in the installed fonts)")
+    rehearsal.add_argument("--stand-in-dir", metavar="DIR", help="where to read the stand-in from (a folder, .npz)")
+    rehearsal.add_argument("--shrink", type=_positive, default=4, metavar="K",
+                           help="each DP-SGD stage at a batch K times smaller, same steps and sigma/B (default 4)")
+    rehearsal.add_argument("--classes", type=_positive, metavar="K",
+                           help="the stand-in's first K classes (default dataset.num_classes, else all of its own)")
+    rehearsal.add_argument("--device", help="auto (CUDA when present), cpu or cuda")
+    rehearsal.set_defaults(handler=_rehearse)
 
     evaluate = commands.add_parser("evaluate", help="FID, KID, precision/recall and downstream accuracy of a release")
     evaluate.add_argument("path", help="a run directory, or a synthetic .npz (arrays images, labels[, soft_labels])")

@@ -95,7 +95,14 @@ def _record(report: dict[str, Any], config: Config) -> list[str]:
 
 
 def _verdict(report: dict[str, Any], info: DatasetInfo, dataset: DatasetSettings) -> list[str]:
-    """One line: how strong a promise the chosen ε is, with the odds an attacker ends at."""
+    """One line: how strong a promise the chosen ε is, with the odds an attacker ends at; for a rehearsal, that it
+    is one."""
+    if "rehearsal" in report:
+        rehearsal = report["rehearsal"]
+        return [f"**In one line: a rehearsal, not a release of private data.** The plan of a "
+                f"`{rehearsal['private_data']}` run, run on the public stand-in `{rehearsal['stand_in']}` at a batch "
+                f"{rehearsal['shrink']} times smaller (same steps and σ/B): no private image was read and no ε of it "
+                "spent. The ε below is the stand-in's own, under the smaller batch: it promises nothing."]
     if not report["dp_guarantee"]:
         return ["**In one line: no differential-privacy guarantee; do not share this release as private.**"]
     epsilon, unit = report["epsilon"], unit_name(info, dataset)

@@ -1,8 +1,9 @@
 """Trained generators as a release holds them: the weights a run sampled its images with (``model.safetensors``)
 and what rebuilds and samples them (``model.json``).
 
-Two kinds: the class-conditional diffusion UNet of DPDM, DP-FETA, FETA-Pro, PDP-Diffusion, PrivImage and DP-SAD's
-student, sampled by its sampler; and DP-MERF's one-step generator. A run samples its release through the same object
+Three kinds: the class-conditional diffusion UNet of DPDM, DP-FETA, FETA-Pro, PDP-Diffusion, PrivImage and DP-SAD's
+student, sampled by its sampler; DP-LDM's, which samples latent images that a public autoencoder decodes; and
+DP-MERF's one-step generator. A run samples its release through the same object
 it writes (:meth:`Generator.sample`), so a model loaded later (:func:`load_generator`) samples as the run did: the
 same images from the same random stream on the same machine.
 """
@@ -14,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from safetensors import SafetensorError
@@ -28,6 +29,7 @@ from .diffusion.inference import sampling_inputs, sampling_model
 from .diffusion.settings import DiffusionSettings, UNetSettings
 from .errors import ConfigError, DpsynthError
 from .models import build_unet
+from .models.autoencoder import SavedAutoencoder, build_autoencoder, shape_of
 from .models.generator import ConditionalGenerator
 from .runs import MANIFEST, MODEL, MODEL_CARD, PRIVACY
 from .utils.device import memory_limited_by
@@ -236,6 +238,56 @@ class DiffusionGenerator(Generator):
         return cls(module, shape, class_names, card["method"], architecture, diffusion)
 
 
+class LatentModel(nn.Module):
+    """A latent diffusion model as one module: the UNet over latent images and the public autoencoder that
+    decodes them (``unet``, ``autoencoder``), saved together in model.safetensors."""
+
+    def __init__(self, unet: nn.Module, autoencoder: nn.Module) -> None:
+        super().__init__()
+        self.unet, self.autoencoder = unet, autoencoder
+
+
+class LatentDiffusionGenerator(Generator):
+    """DP-LDM's model: a class-conditional diffusion UNet sampling latent images (``latent``, a
+    :class:`DiffusionGenerator` of the latent shape) that the public autoencoder decodes."""
+
+    kind = "latent-diffusion"
+
+    def __init__(self, latent: DiffusionGenerator, autoencoder: SavedAutoencoder, shape: tuple[int, int, int]) -> None:
+        super().__init__(LatentModel(latent.module, autoencoder.model), shape, latent.class_names, latent.method)
+        self.latent, self.autoencoder = latent, autoencoder
+
+    def _draw(self, labels: torch.Tensor, generator: torch.Generator, settings: SamplingSettings) -> Samples:
+        latents = self.latent._draw(labels, generator, settings)
+        images = self.autoencoder.decode(latents.images, self.device, settings.batch_size)
+        return Samples(images, labels, latents.sampling)
+
+    def contents(self) -> str:
+        return (f"{self.latent.contents()}, over latent images of {' x '.join(map(str, self.latent.shape))}; and the "
+                f"public autoencoder that decodes them ({self.autoencoder.name}, trained on public images only)")
+
+    def settings(self) -> dict[str, Any]:
+        record = self.autoencoder.record
+        kept = ("name", "side", "channels", "latent_scale", "trained_on", "images")
+        autoencoder = {"shape": _plain(asdict(self.autoencoder.shape)), "sha256": self.autoencoder.weights_sha256,
+                       **{key: record[key] for key in kept if key in record}}
+        return {**self.latent.settings(), "latent_shape": list(self.latent.shape), "autoencoder": autoencoder}
+
+    @classmethod
+    def rebuilt(cls, card: dict[str, Any], shape: tuple[int, int, int], class_names: list[str]) -> Generator:
+        latent_shape = tuple(card.get("latent_shape") or ())
+        if len(latent_shape) != 3 or not isinstance(card.get("autoencoder"), dict):
+            raise ConfigError("a latent-diffusion card needs latent_shape [channels, height, width] and autoencoder")
+        latent = DiffusionGenerator.rebuilt(card, latent_shape, class_names)  # type: ignore[arg-type]
+        record = dict(card["autoencoder"])
+        try:
+            model = build_autoencoder(int(record["channels"]), shape_of(record))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"autoencoder: {error}") from None
+        saved = SavedAutoencoder(model, Path(), record, str(record.get("sha256", "")))
+        return cls(cast(DiffusionGenerator, latent), saved, shape)
+
+
 @dataclass(frozen=True, kw_only=True)
 class OneStepArchitecture:
     """A one-step generator's latent size and width (model.json's ``architecture``)."""
@@ -284,7 +336,8 @@ def one_step_images(module: nn.Module, labels: torch.Tensor, batch_size: int, de
                       for chunk in labels.split(batch_size)])
 
 
-KINDS: dict[str, type[Generator]] = {kind.kind: kind for kind in (DiffusionGenerator, OneStepGenerator)}
+KINDS: dict[str, type[Generator]] = {kind.kind: kind for kind in (DiffusionGenerator, LatentDiffusionGenerator,
+                                                                   OneStepGenerator)}
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -363,5 +416,6 @@ def _checked_privacy(directory: Path, files: Sequence[Path]) -> dict[str, Any]:
     return report
 
 
-__all__ = ["CARD", "KINDS", "MODEL_WEIGHTS", "DiffusionGenerator", "Generator", "OneStepArchitecture",
+__all__ = ["CARD", "KINDS", "MODEL_WEIGHTS", "DiffusionGenerator", "Generator", "LatentDiffusionGenerator",
+           "LatentModel", "OneStepArchitecture",
            "OneStepGenerator", "Samples", "balanced_labels", "one_step_images", "read_generator"]

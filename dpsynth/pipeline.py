@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import sys
 import time
 import warnings
@@ -83,7 +84,18 @@ from .privacy.randomness import SecretStream, mersenne_state, secret_generator, 
 from .privacy.releases import total
 from .provenance import provenance, public_data_digests
 from .report import write_run_report
-from .runs import CHECKPOINT, CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory, inside_release
+from .runs import (
+    CHECKPOINT,
+    CONFIG,
+    LOG,
+    PRIVACY,
+    REHEARSAL,
+    RELEASE,
+    SYNTHETIC,
+    Checkpoint,
+    RunDirectory,
+    inside_release,
+)
 from .training.context import RunContext
 from .utils.device import pick_device
 
@@ -146,6 +158,8 @@ def resumable(path: str) -> RunDirectory:
     """The run directory ``path``; DpsynthError if it is none, its config is damaged or it has released already."""
     run = RunDirectory.open(path)
     check_stored_config(run.config(), str(run.file(CONFIG)))
+    if run.file(REHEARSAL).exists():
+        raise DpsynthError(f"{run.path}: a rehearsal does not resume; run dpsynth rehearse again (it spends nothing)")
     if run.file(PRIVACY).exists():
         raise DpsynthError(f"{run.path}: this run already released its synthetic set; nothing to resume "
                            f"(dpsynth evaluate {run.path} evaluates it)")
@@ -261,7 +275,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     settings = fixed_settings(config)
     run_settings = RunSettings.of(config)
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
-    if world.is_main:
+    if world.is_main and not run.file(REHEARSAL).exists():  # a rehearsal on public data enters no holder's ledger
         _enter_release(run, config, dataset.info, budget)
     drawn = ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE), (IMAGES_STAGE, IMAGES_NOISE))
     for stage, noise in drawn:  # drawn before the first checkpoint
@@ -367,8 +381,12 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
               **({"stopped_early": context.stopped} if context.stopped else {}),
               "training_regime": _regime_report(config, dataset.info, budget),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
-              "public_data": public_data_digests(method.public_data(dataset.info))}
-    report["releases"] = _released(run, config, ledger, report)
+              "public_data": public_data_digests(method.public_data(dataset.info)),
+              **method.report_sections(dataset.info)}
+    if run.file(REHEARSAL).exists():
+        report["rehearsal"] = json.loads(run.file(REHEARSAL).read_text())
+    else:
+        report["releases"] = _released(run, config, ledger, report)
     release_stream = secret_generator(stream_key(run_settings.seed, "release"))
     start = time.perf_counter()
     generated = method.generate(SamplingSettings.of(config).num_samples, release_stream)
@@ -394,6 +412,8 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
             **generated.sampling, **_cuda_peak(context.device))
     guarantee = (f"at epsilon = {report['epsilon']:.4f} (delta = {delta:.3g})" if report["dp_guarantee"] else
                  "with NO differential-privacy guarantee (see privacy.json)")
+    if "rehearsal" in report:
+        guarantee = "of the rehearsal: a public stand-in's, no private image read, nothing spent"
     print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
     if EvaluationSettings.of(config).enabled:  # against the real images at the release's side
         cuts = _held_evaluation(run, config, dataset.info, context.device, clock)

@@ -47,6 +47,7 @@ from .utils.io import atomic_write, atomic_write_json, atomic_write_text, sha256
 CONFIG, LEDGER, CHECKPOINT, LOG = "config.yaml", "ledger.json", "checkpoint.pt", "log.jsonl"
 METHOD_METRICS = "method_metrics.json"
 RELEASE = "release"
+REHEARSAL = "rehearsal.json"  # in a rehearsal's directory: the stand-in, the plan and what it shrank
 PRIVACY, SYNTHETIC, SAMPLES = f"{RELEASE}/privacy.json", f"{RELEASE}/synthetic.npz", f"{RELEASE}/samples.png"
 DATASHEET = f"{RELEASE}/README.md"
 MODEL, MODEL_CARD = f"{RELEASE}/model.safetensors", f"{RELEASE}/model.json"  # the generator, with release.model

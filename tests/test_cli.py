@@ -86,7 +86,7 @@ def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(caps
     (["privacy", "dp-sad", "--set", "teacher.training=public"], "teacher.training must be one of dp, non-private"),
     (["privacy", "dp-imgsyn", "--set", "alignment.init=zeros"], "alignment.init must be one of public, noise"),
     (["privacy", "dpdm", "--set", "dpsgd"], "--set expects key=value"),
-    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dp-merf, dp-sad, dpdm"),
+    (["privacy", "gan"], "unknown method 'gan'; known methods: dp-feta, dp-imgsyn, dp-ldm, dp-merf, dp-sad, dpdm"),
     (["privacy", "dpdm", "--dataset", "imagenet"], "unknown dataset 'imagenet'; known datasets: fashion-mnist"),
     (["privacy", "dpdm", "--preset", "gpu"], "no preset 'gpu'; presets: auto, paper, cpu"),
     (["privacy", "dpdm", "--dataset", "mnist-5k", "--set", "dpsgd.batch_size=9000"], "batch_size must lie in"),
@@ -168,8 +168,8 @@ def test_every_set_example_in_the_help_fits_its_command():
 
 
 def test_every_method_module_is_found_and_registers_itself_under_its_name():
-    assert list(METHODS) == ["dp-feta", "dp-imgsyn", "dp-merf", "dp-sad", "dpdm", "feta-pro", "pdp-diffusion", "pe",
-                             "privimage"]
+    assert list(METHODS) == ["dp-feta", "dp-imgsyn", "dp-ldm", "dp-merf", "dp-sad", "dpdm", "feta-pro",
+                             "pdp-diffusion", "pe", "privimage"]
     assert all(METHODS[name].name == name for name in METHODS)
 
 

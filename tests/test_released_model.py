@@ -19,7 +19,7 @@ from dpsynth.api import load_generator, resolve_config
 from dpsynth.config import SamplingSettings
 from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyWarning
-from dpsynth.generators import DiffusionGenerator, OneStepGenerator
+from dpsynth.generators import DiffusionGenerator, LatentDiffusionGenerator, OneStepGenerator
 from dpsynth.methods import METHODS
 from dpsynth.methods.base import Method
 from dpsynth.pipeline import execute, start
@@ -61,7 +61,7 @@ def test_a_method_without_a_generator_refuses_release_model_before_it_runs(metho
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, kind", [("dpdm", DiffusionGenerator), ("dp-sad", DiffusionGenerator),
-                                          ("dp-merf", OneStepGenerator)])
+                                          ("dp-ldm", LatentDiffusionGenerator), ("dp-merf", OneStepGenerator)])
 def test_the_released_model_draws_the_release_again_and_holds_only_its_weights(tmp_path, dpdm_run, method, kind):
     run = dpdm_run if method == "dpdm" else released_run(tmp_path, method)
     release = run.file("release")

@@ -72,12 +72,13 @@ def render_character(character: str, fonts: list[Path], params: list[float], siz
     return np.asarray(canvas.resize((width, height), Image.Resampling.BOX))
 
 
-def render_glyphs(per_class: int, resolution: int, fonts: list[Path], seed: int = GLYPH_SEED
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``per_class`` glyphs of each of the 62 characters (uint8 N x 1 x H x W, labels), from a fixed seed."""
+def render_glyphs(per_class: int, resolution: int, fonts: list[Path], seed: int = GLYPH_SEED,
+                  classes: int = len(GLYPH_CLASSES)) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` glyphs of each of the first ``classes`` of the 62 characters (uint8 N x 1 x H x W, labels),
+    from a fixed seed."""
     generator = torch.Generator().manual_seed(seed)
-    params = DEFAULT_RANGES.draw(per_class * len(GLYPH_CLASSES), len(fonts), generator)
-    labels = np.arange(len(params)) % len(GLYPH_CLASSES)
+    params = DEFAULT_RANGES.draw(per_class * classes, len(fonts), generator)
+    labels = np.arange(len(params)) % classes
     images = np.stack([render_character(GLYPH_CLASSES[label], fonts, row.tolist(), (resolution, resolution))
                        for label, row in zip(labels, params, strict=True)])
     return images[:, None], labels.astype(np.int64)

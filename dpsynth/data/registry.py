@@ -184,9 +184,10 @@ def load_dataset(
     cache_dir: str | None = None,
 ) -> Dataset:
     """Load dataset ``name`` and split it into train / val / test (sizes default to the dataset's;
-    ``num_classes`` for an npz file without class names; ``num_images`` for a generated set; ``resolution`` and
-    ``channels`` of a folder or a generated set, ``auto`` as the source decides; a folder's ``window`` for 16-bit
-    and DICOM images, with the shares a DP vote drew for ``auto``, and where its decoded images are cached)."""
+    ``num_classes`` for an npz file without class names, or glyphs' first characters; ``num_images`` for a generated
+    set; ``resolution`` and ``channels`` of a folder or a generated set, ``auto`` as the source decides; a folder's
+    ``window`` for 16-bit and DICOM images, with the shares a DP vote drew for ``auto``, and where its decoded images
+    are cached)."""
     source = get_source(name)
     options = LoadOptions(Path(data_dir).expanduser() if data_dir else None, resolution, channels, num_classes,
                           num_images, window, window_shares, cache_dir)

@@ -180,14 +180,18 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
 def load_glyphs(options: LoadOptions) -> RawDataset:
     """The 62 characters 0-9, A-Z, a-z rendered in every installed font (:mod:`.glyphs`), grey, at
     ``options.resolution``: ``options.num_images`` of them (default 200 per class), class-balanced, from a fixed
-    seed, so the set is the same wherever the same fonts are installed."""
-    total = GLYPHS_PER_CLASS * len(GLYPH_CLASSES) if options.num_images is None else options.num_images
-    if isinstance(total, bool) or not isinstance(total, int) or total < len(GLYPH_CLASSES):
-        raise DataError(f"dataset.num_images: glyphs needs a whole number >= {len(GLYPH_CLASSES)} (one per class), "
+    seed, so the set is the same wherever the same fonts are installed; of the first ``options.num_classes``
+    characters when given (0-9 for 10)."""
+    classes = options.num_classes or len(GLYPH_CLASSES)
+    if not 2 <= classes <= len(GLYPH_CLASSES):
+        raise DataError(f"dataset.num_classes: glyphs has 2 to {len(GLYPH_CLASSES)} classes, got {classes}")
+    total = GLYPHS_PER_CLASS * classes if options.num_images is None else options.num_images
+    if isinstance(total, bool) or not isinstance(total, int) or total < classes:
+        raise DataError(f"dataset.num_images: glyphs needs a whole number >= {classes} (one per class), "
                         f"got {options.num_images!r}")
     fonts = find_fonts(setting="dataset 'glyphs'")
-    images, labels = render_glyphs(-(-total // len(GLYPH_CLASSES)), options.side(), fonts)
-    return RawDataset(images[:total], labels[:total], list(GLYPH_CLASSES),
+    images, labels = render_glyphs(-(-total // classes), options.side(), fonts, classes=classes)
+    return RawDataset(images[:total], labels[:total], list(GLYPH_CLASSES[:classes]),
                       f"rendered from {len(fonts)} fonts under {', '.join(DEFAULT_FONT_DIRS)}")
 
 

@@ -82,6 +82,9 @@ class Method(ABC):
     no_generator: ClassVar[str | None] = ("gives no trained generator to write (a method that has one returns it from "
                                           "trained_generator and sets no_generator = None)")
     needs_public_model: ClassVar[bool] = False  # fine-tunes a public model (model.init_from) it cannot run without
+    # Whether its "dp-sgd" stage trains a diffusion model on pixels, as the recorded outcomes measure (the derived
+    # plan's training side and the regime's verdicts apply only then).
+    pixel_regime: ClassVar[bool] = True
     dpsgd_sections: ClassVar[tuple[str, ...]] = ()  # config sections of its DP-SGD stages, which --preset auto sizes
     public_sections: ClassVar[tuple[str, ...]] = ()  # sections of public training (iterations x batch_size rows)
     # The phase of Probes.phases whose iterations a derived plan sizes to the budget, and the key it sets.
@@ -123,6 +126,11 @@ class Method(ABC):
         """Whether its DP-SGD starts from a model trained on public images (``model.init_from``)."""
         return bool(self.config.get("model", {}).get("init_from"))
 
+    def ready_public_parts(self, info: DatasetInfo, device: torch.device) -> list[str]:
+        """Build the parts trained on public data alone that a run on ``info`` needs and a cache keeps (a default
+        autoencoder, say), before a derived plan sizes the rest; what each took, in words. None by default."""
+        return []
+
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """Fingerprints (:mod:`dpsynth.data.fingerprints`) of each public image set the method reads, named for
         an error message; checked against every private split before a run starts. None by default."""
@@ -152,6 +160,10 @@ class Method(ABC):
     def soft_label_temperature(self) -> float:
         """The temperature of the soft labels ``generate`` returns (when it returns any)."""
         return 1.0
+
+    def report_sections(self, info: DatasetInfo) -> dict[str, Any]:
+        """Sections the method adds to privacy.json (a public model it read, say); none by default."""
+        return {}
 
     def non_private_outputs(self) -> list[str]:
         """Run outputs that hold statistics of the private data no epsilon covers (debugging options only)."""

@@ -6,6 +6,7 @@ DP-FETA, FETA-Pro, PrivImage and DP-SAD each hold one (:class:`DiffusionTrainer`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -97,15 +98,21 @@ class DiffusionTrainer:
             context.log("public model", **self.public_start)
 
     def fit(self, context: RunContext, stage: str, settings: DiffusionDpsgdSection,
-            warm_up: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
+            warm_up: Callable[[torch.nn.Module], None] | None = None,
+            latents: ImageSet | None = None) -> torch.nn.Module:
         """The model built, warmed up by ``warm_up`` on rank 0 (once: a resume of stage ``stage`` skips it), then
-        trained by stage ``stage``'s DP-SGD (``settings``) on the private training split, with its EMA weights;
-        only ``model.trainable``'s parameter groups are DP-trained, which needs a start (public or warm-up)."""
+        trained by stage ``stage``'s DP-SGD (``settings``) on the private training split (or ``latents``, its
+        images each mapped alone, in its order), with its EMA weights; only ``model.trainable``'s parameter groups
+        are DP-trained, which needs a start (public or warm-up)."""
         groups = self.unet_settings.trainable
         if not self.unet_settings.trains_all and warm_up is None and not self.unet_settings.init_from:
             raise ConfigError(f"model.trainable {list(groups)} DP-trains part of a UNet that starts at random: name "
                               "a public model to start from (model.init_from) or train [all]")
-        model = self.build(context.dataset.info, context.device)
+        info = context.dataset.info
+        if latents is not None:
+            channels, height, width = latents.images.shape[1:]
+            info = replace(info, channels=channels, height=height, width=width)
+        model = self.build(info, context.device)
         self.log_public_start(context)
         if not context.resuming(stage):  # the warm-up runs once, on rank 0; DP-SGD starts from its model
             context.on_main(lambda: warm_up(model) if warm_up is not None else None)
@@ -113,7 +120,8 @@ class DiffusionTrainer:
         if not self.unet_settings.trains_all:
             trained, total = train_only(model, groups)
             context.log("trainable", groups=list(groups), parameters=trained, of=total)
-        self.train_private(context, model, stage, settings, self.batch_maker(context, settings.noise_multiplicity))
+        make_batch = self.batch_maker(context, settings.noise_multiplicity, latents, private=True)
+        self.train_private(context, model, stage, settings, make_batch)
         return model
 
     def train_private(self, context: RunContext, model: torch.nn.Module, stage: str, settings: DpsgdSection,
@@ -141,16 +149,18 @@ class DiffusionTrainer:
         ema.copy_to(model)
         return ema
 
-    def batch_maker(self, context: RunContext, k: int, data: ImageSet | None = None) -> MakeBatch:
+    def batch_maker(self, context: RunContext, k: int, data: ImageSet | None = None,
+                    private: bool | None = None) -> MakeBatch:
         """``make_batch(indices)`` of ``data`` (default the private train split): images, labels, times, noise,
         with K = ``k`` draws of t per example.
 
-        Batches of the private split draw their randomness from the rank's example generator, batches of other
-        data from the shared one."""
+        Batches of private data (the train split, or ``data`` made from it when ``private``) draw their randomness
+        from the rank's example generator, batches of other data from the shared one."""
         train = data if data is not None else context.dataset.train
         device = context.device
-        generator = context.generator if data is not None else context.example_generator
-        shape = context.dataset.info.shape
+        private = data is None if private is None else private
+        generator = context.example_generator if private else context.generator
+        shape = tuple(train.images.shape[1:])
         null, dropout = context.dataset.info.num_classes, self.settings.label_dropout
 
         def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:

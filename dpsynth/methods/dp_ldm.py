@@ -1,0 +1,142 @@
+"""DP-LDM (Lyu et al. 2023): DP-SGD on the latents of an autoencoder trained on public data, decoded at release.
+
+The autoencoder (``autoencoder.path``, or the default one trained once per side on images installed packages ship)
+maps each private image alone to a latent image; the UNet trains on those with DPDM's DP-SGD (all of it, or only
+``model.trainable``'s groups of a public latent model given by ``model.init_from``, as the paper trains the
+attention layers); the release samples latents and decodes them. The autoencoder never sees a private image in
+training and is fingerprinted in privacy.json like every public set a run reads."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..config import Config, RunSettings, preset_with, section_settings
+from ..data import DatasetInfo, ImageSet
+from ..errors import ConfigError
+from ..generators import Generator, LatentDiffusionGenerator
+from ..models.autoencoder import SavedAutoencoder, default_shape, latent_shape, load_autoencoder
+from ..privacy import PlannedStage
+from ..training.autoencoder import AutoencoderTraining, default_autoencoder
+from ..training.context import RunContext
+from ..training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
+from ..training.private import DiffusionDpsgdSection
+from ..training.probes import Probes
+from ..utils.device import pick_device
+from .base import CPU_PROTOCOL, DiffusionMethod, Paper, register
+from .dpdm import DPSGD_STAGE
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoencoderSettings:
+    """The ``autoencoder`` section: the folder of a public autoencoder (``dpsynth pretrain --autoencoder`` writes
+    one; ``default``: trained once per side and channels on images installed packages ship, with ``iterations``
+    Adam steps) and the images it encodes at a time."""
+
+    path: str = "default"
+    iterations: int = AutoencoderTraining.iterations
+    encode_batch: int = 256
+
+
+# The UNet over 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents: wider than the pixel UNet at a quarter of
+# its positions or fewer.
+LATENT_UNET = {"block_channels": [32, 64, 64], "layers_per_block": 1}
+SMOKE_AUTOENCODER = ("autoencoder.iterations=2",)
+
+
+@register
+class DPLDM(DiffusionMethod):
+    """DPDM's DP-SGD on the latent images of a public autoencoder, decoded at release."""
+
+    name = "dp-ldm"
+    description = "diffusion model trained with DP-SGD on the latents of a public autoencoder"
+    paper = Paper("Michael F. Liu, Saiyue Lyu, Margarita Vinaroz, Mijung Park",
+                  "DP-LDMs: Differentially Private Latent Diffusion Models",
+                  "Transactions on Machine Learning Research (TMLR)", 2024,
+                  "https://arxiv.org/abs/2305.15759")
+    dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
+    smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_AUTOENCODER, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
+                                        "dpsgd.checkpoint_every=2")
+    sections = {**SECTIONS, "autoencoder": AutoencoderSettings}
+    presets = {"paper": {"privacy": {"accountant": "rdp"}, "model": LATENT_UNET},
+               "cpu": preset_with(CPU_PROTOCOL, {**CPU_PRESET, "model": LATENT_UNET})}
+    resume_settings = ("autoencoder.encode_batch",)
+    pixel_regime = False  # DP-SGD on latents: the recorded outcomes (pixels) do not bracket it
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
+        self.autoencoder_settings = section_settings(AutoencoderSettings, config, "autoencoder")
+        self.saved: SavedAutoencoder | None = None
+
+    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+        return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+
+    def autoencoder(self, info: DatasetInfo, device: torch.device) -> SavedAutoencoder:
+        """The public autoencoder for ``info``'s images (the default one built once into the cache); ConfigError
+        when a given one is for another side or channels."""
+        if self.saved is None:
+            settings = self.autoencoder_settings
+            if settings.path == "default":
+                training = AutoencoderTraining(iterations=settings.iterations)
+                self.saved = default_autoencoder(info.height, info.channels, device, training=training)
+            else:
+                self.saved = load_autoencoder(settings.path)
+            if (self.saved.side, self.saved.channels) != (info.height, info.channels) or info.height != info.width:
+                raise ConfigError(f"autoencoder.path: {self.saved.folder} encodes {self.saved.channels} x "
+                                  f"{self.saved.side} x {self.saved.side} images, but training reads "
+                                  f"{' x '.join(map(str, info.shape))}; write one for that shape with dpsynth "
+                                  f"pretrain --autoencoder --set dataset.resolution={info.height}")
+        return self.saved
+
+    def ready_public_parts(self, info: DatasetInfo, device: torch.device) -> list[str]:
+        started = time.perf_counter()
+        saved = self.autoencoder(info, device)
+        return [f"autoencoder.path {saved.name!r} ready in {time.perf_counter() - started:.0f} s (public images only)"]
+
+    def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        saved = self.autoencoder(info, pick_device(RunSettings.of(self.config).device))
+        return {**super().public_data(info), f"autoencoder.path {saved.name!r}": saved.fingerprints()}
+
+    def report_sections(self, info: DatasetInfo) -> dict[str, Any]:
+        saved = self.autoencoder(info, torch.device("cpu"))
+        return {"latent_space": {
+            "autoencoder": saved.name, "autoencoder_sha256": saved.weights_sha256,
+            "trained_on": saved.record.get("trained_on"), "public_images": saved.record.get("images"),
+            "private_images_seen": 0, "latent_shape": list(saved.latent_shape()),
+            "encoding": "each private image alone, to its posterior mean: one record moves its own latents only",
+            "composition": "the encoding is a per-record map before DP-SGD and the decoding post-processing of its "
+                           "output: no further epsilon"}}
+
+    def fit(self, context: RunContext) -> None:
+        """The private training split encoded image by image, then DPDM's DP-SGD on the latents."""
+        self.info = info = context.dataset.info
+        saved = self.autoencoder(info, context.device)
+        train = context.dataset.train
+        latents = ImageSet(saved.encode(train.images, context.device, self.autoencoder_settings.encode_batch),
+                           train.labels, train.groups)
+        context.log("latents", autoencoder=saved.name, shape=list(latents.images.shape[1:]))
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings, latents=latents)
+
+    def trained_generator(self) -> Generator:
+        if self.model is None or self.info is None or self.saved is None:
+            raise RuntimeError("the release needs a fitted model: call fit() first")
+        latent_info = _latent_info(self.info, self.saved.latent_shape())
+        return LatentDiffusionGenerator(self.trainer.generator(self.model, latent_info, self.name), self.saved,
+                                        self.info.shape)
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The UNet's probes at the latent shape the autoencoder makes of ``shape`` (without building it)."""
+        path = self.autoencoder_settings.path
+        ae_shape = default_shape(shape[1]) if path == "default" else load_autoencoder(path).shape
+        return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
+                                   latent_shape(shape[0], shape[1], ae_shape), num_classes, device)
+
+
+def _latent_info(info: DatasetInfo, shape: tuple[int, int, int]) -> DatasetInfo:
+    """``info`` with the latent images' shape."""
+    return replace(info, channels=shape[0], height=shape[1], width=shape[2])
+

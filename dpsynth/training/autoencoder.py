@@ -1,0 +1,118 @@
+"""Training the latent space of DP-LDM (:class:`~dpsynth.models.autoencoder.SavedAutoencoder`) on PUBLIC images
+only: Adam on the L1 reconstruction error plus a small KL term (as Rombach et al. 2022's KL-regularised
+autoencoders, without their perceptual and adversarial losses). Nothing private is read, so the autoencoder, and
+the encoding and decoding it does, cost no epsilon.
+
+``default_autoencoder`` builds the default one from images that installed packages ship (the upscaler's: characters
+drawn in the installed fonts and crops of scikit-learn's two photographs), once per side, channels and recipe, into
+a cache folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional
+from tqdm.auto import tqdm
+
+from ..data import ImageSet, load_dataset
+from ..data.fingerprints import FINGERPRINTS, fingerprints
+from ..errors import ConfigError
+from ..models.autoencoder import (
+    AutoencoderShape,
+    SavedAutoencoder,
+    build_autoencoder,
+    default_shape,
+    load_autoencoder,
+    padded,
+    save_autoencoder,
+    working_side,
+)
+from ..utils.images import as_floats
+from .upscaler import DEFAULT_SOURCES
+
+DEFAULT_CACHE = "~/.cache/dpsynth/autoencoders"
+LATENT_QUANTILE = 0.999  # the latent scale maps this quantile of |latent| on the public images to 1
+
+
+@dataclass(frozen=True)
+class AutoencoderTraining:
+    """Adam steps, their batch, learning rate and the weight of the KL term."""
+
+    iterations: int = 600
+    batch_size: int = 32
+    lr: float = 1e-3
+    kl_weight: float = 1e-6
+
+
+def train_autoencoder(public: list[ImageSet], out: str | Path, training: AutoencoderTraining,
+                      shape: AutoencoderShape, device: torch.device, name: str, described: str,
+                      seed: int = 0) -> SavedAutoencoder:
+    """Train an autoencoder on the ``public`` image sets (all of one shape), save it in ``out`` with the
+    fingerprints of every training image and its latent scale, and load it back."""
+    out = Path(out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out}: the directory exists and is not empty; choose a new one")
+    images = torch.cat([as_floats(part.images) for part in public])
+    channels, side = images.shape[1], images.shape[-1]
+    work = working_side(side, shape)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = build_autoencoder(channels, shape).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=training.lr)
+    started, loss = time.perf_counter(), torch.zeros(())
+    for _ in tqdm(range(training.iterations), desc="autoencoder", dynamic_ncols=True):
+        batch = padded(images[torch.randint(len(images), (training.batch_size,), generator=generator)], work)
+        posterior = model.encode(batch.to(device) * 2 - 1).latent_dist
+        rebuilt = model.decode(posterior.sample()).sample
+        loss = functional.l1_loss(rebuilt, batch.to(device) * 2 - 1) + training.kl_weight * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    prints = np.unique(np.concatenate([fingerprints(part.images) for part in public]))
+    save_autoencoder(model.cpu(), shape, partial, {
+        "name": name, "side": side, "channels": channels, "latent_scale": _latent_scale(model, images, work),
+        "trained_on": described, "images": len(images), "fingerprints": len(prints), "training": asdict(training),
+        "final_loss": round(loss.item(), 5), "seconds": round(time.perf_counter() - started, 1),
+        "private_images": 0})
+    np.save(partial / FINGERPRINTS, prints)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return load_autoencoder(out)
+
+
+@torch.no_grad()
+def _latent_scale(model: torch.nn.Module, images: torch.Tensor, work: int, rows: int = 512) -> float:
+    """1 over the :data:`LATENT_QUANTILE` of the latent means' magnitude on (up to ``rows`` of) the public images."""
+    sample = padded(images[:rows], work)
+    means = model.cpu().encode(sample * 2 - 1).latent_dist.mean.abs().flatten()
+    return round(1.0 / max(float(torch.quantile(means[:2 ** 24], LATENT_QUANTILE)), 1e-6), 6)
+
+
+def default_autoencoder(side: int, channels: int, device: torch.device, cache_dir: str = DEFAULT_CACHE,
+                        training: AutoencoderTraining = AutoencoderTraining()) -> SavedAutoencoder:
+    """The default autoencoder for images of ``channels`` x ``side`` x ``side``, trained once on
+    :data:`~dpsynth.training.upscaler.DEFAULT_SOURCES` into ``cache_dir``."""
+    shape = default_shape(side)
+    recipe = json.dumps([side, channels, DEFAULT_SOURCES, asdict(training), asdict(shape)], sort_keys=True)
+    name = f"dpsynth-default-{channels}x{side}px-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+    folder = Path(cache_dir).expanduser() / name
+    if folder.is_dir():
+        return load_autoencoder(folder)
+    with warnings.catch_warnings():  # a part of a published set: its size steers nothing here
+        warnings.simplefilter("ignore")
+        public = [load_dataset(source, resolution=side, channels=channels, num_images=count).train
+                  for source, count in DEFAULT_SOURCES]
+    described = ("characters drawn in the installed fonts (dataset glyphs) and crops of scikit-learn's two sample "
+                 "photographs (dataset photo-patches)")
+    return train_autoencoder(public, folder, training, shape, device, name, described)

@@ -1,0 +1,139 @@
+"""DP-LDM (DP-SGD on a public autoencoder's latents) end to end, its autoencoder, and the rehearsal at zero epsilon."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import dpsynth_main, run_directory
+
+from dpsynth.api import resolve_config
+from dpsynth.data import load_dataset
+from dpsynth.doctor import COMMON
+from dpsynth.errors import ConfigError, DataError, DpsynthError
+from dpsynth.methods import METHODS
+from dpsynth.models.autoencoder import AutoencoderShape, load_autoencoder
+from dpsynth.pipeline import resume, start
+from dpsynth.privacy import PrivacyLedger
+from dpsynth.rehearsal import rehearse
+from dpsynth.training.autoencoder import AutoencoderTraining, train_autoencoder
+from dpsynth.utils.io import sha256
+
+SMOKE = [*METHODS["dp-ldm"].smoke, *COMMON, "run.device=cpu"]
+TINY_SHAPE = AutoencoderShape(block_channels=(8, 16), norm_groups=4)
+
+
+def glyphs(side: int, count: int = 64):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_dataset("glyphs", resolution=side, channels=1, num_images=count).train
+
+
+def test_the_autoencoder_maps_each_image_alone_pads_an_odd_side_and_keeps_its_public_fingerprints(tmp_path):
+    public = glyphs(28)
+    saved = train_autoencoder([public], tmp_path / "ae", AutoencoderTraining(iterations=3, batch_size=8), TINY_SHAPE,
+                              torch.device("cpu"), "tiny", "glyphs")
+    assert saved.latent_shape() == (4, 16, 16)  # 28 px padded to 32, halved once
+    images = public.images[:6].float() / 255
+    latents = saved.encode(images, torch.device("cpu"), chunk=4)
+    alone = torch.cat([saved.encode(image[None], torch.device("cpu")) for image in images])
+    assert latents.shape == (6, 4, 16, 16) and torch.allclose(latents, alone, atol=1e-5)
+    assert 0 <= latents.min() and latents.max() <= 1
+    decoded = saved.decode(latents, torch.device("cpu"))
+    assert decoded.shape == (6, 1, 28, 28) and 0 <= decoded.min() and decoded.max() <= 1
+    again = load_autoencoder(tmp_path / "ae")
+    assert again.weights_sha256 == sha256(tmp_path / "ae" / "autoencoder.safetensors") == saved.weights_sha256
+    assert again.record["private_images"] == 0 and len(again.fingerprints()) == again.record["fingerprints"] > 0
+    (tmp_path / "ae" / "autoencoder.json").write_text("{")
+    with pytest.raises(ConfigError, match="autoencoder.path: .*autoencoder.json or autoencoder.safetensors is dama"):
+        load_autoencoder(tmp_path / "ae")
+    with pytest.raises(ConfigError, match="holds no autoencoder"):
+        load_autoencoder(tmp_path)
+
+
+@pytest.mark.slow
+def test_dp_ldm_runs_through_the_cli_and_names_its_autoencoder_in_privacy_json(tmp_path):
+    sets = [arg for pair in [*SMOKE, f"run.out_dir={tmp_path}"] for arg in ("--set", pair)]
+    done = dpsynth_main("run", "dp-ldm", "--dataset", "digits", "--epsilon", "6", "--preset", "cpu", *sets)
+    assert done.code == 0, done.err
+    run = run_directory(done.out)
+    report = json.loads((run / "release" / "privacy.json").read_text())
+    latent = report["latent_space"]
+    assert report["epsilon"] <= 6 and latent["private_images_seen"] == 0 and latent["latent_shape"] == [4, 4, 4]
+    (name,) = [key for key in report["public_data"] if key.startswith("autoencoder.path")]
+    assert latent["autoencoder"] in name and report["public_data"][name]["distinct_images"] > 0
+    cached = Path("~/.cache/dpsynth/autoencoders").expanduser() / latent["autoencoder"]
+    assert latent["autoencoder_sha256"] == sha256(cached / "autoencoder.safetensors")
+    (event,) = PrivacyLedger.load(run / "ledger.json").events()
+    assert event.steps == int(0.2 / (64 / 1437))  # DPDM's DP-SGD, over the 1,437 training latents
+    with np.load(run / "release" / "synthetic.npz") as release:
+        assert release["images"].shape == (20, 1, 8, 8)  # decoded to the data's shape
+    assert "autoencoder.path" in (run / "release" / "README.md").read_text()
+
+
+def test_an_autoencoder_trained_on_the_private_images_or_for_another_shape_is_refused(tmp_path):
+    done = dpsynth_main("pretrain", "--autoencoder", "--dataset", "digits", "--out", str(tmp_path / "private-ae"),
+                        "--iterations", "2", "--batch-size", "8", "--device", "cpu")
+    assert done.code == 0, done.err and "autoencoder.path=" in done.out
+    config = resolve_config("dp-ldm", dataset="digits", epsilon=6.0, preset="cpu",
+                            overrides=[*SMOKE, f"run.out_dir={tmp_path}", f"autoencoder.path={tmp_path / 'private-ae'}"])
+    with pytest.raises(DataError, match="autoencoder.path 'private-ae'.* private"):
+        start(config)
+    assert not list(tmp_path.glob("dp-ldm-*"))  # refused before a run directory
+    other = train_autoencoder([glyphs(16)], tmp_path / "ae-16", AutoencoderTraining(iterations=1, batch_size=4),
+                              TINY_SHAPE, torch.device("cpu"), "ae-16", "glyphs")
+    config["autoencoder"]["path"] = str(other.folder)
+    with pytest.raises(ConfigError, match=r"encodes 1 x 16 x 16 images, but training reads 1 x 8 x 8"):
+        start(config)
+    both = dpsynth_main("pretrain", "--autoencoder", "--upscaler", "--dataset", "glyphs", "--out", str(tmp_path / "x"))
+    assert both.code == 2 and "not both" in both.err
+
+
+def stand_in_overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return [*SMOKE, f"run.out_dir={tmp_path / 'runs'}", "dataset.resolution=8", "dataset.channels=1",
+            "privacy.dataset_size=600", *extra]
+
+
+def test_a_rehearsal_reads_no_private_image_and_spends_nothing(tmp_path):
+    private = tmp_path / "scans"
+    for index in range(3):  # images that cannot be read: a read would stop the run
+        (private / "a" / f"{index}.png").parent.mkdir(parents=True, exist_ok=True)
+        (private / "a" / f"{index}.png").write_bytes(b"not an image")
+    config = resolve_config("dp-ldm", dataset="folder", data_dir=str(private), epsilon=6.0, preset="cpu",
+                            overrides=stand_in_overrides(tmp_path, "dpsgd.epochs=0.5"))
+    run = rehearse(config, "glyphs", shrink=4, classes=10)
+    plan = json.loads(run.file("rehearsal.json").read_text())
+    planned, rehearsed = plan["planned"]["dp-sgd"], plan["rehearsed"]["dp-sgd"]
+    assert plan["private_images_read"] == 0 and plan["stand_in"] == "glyphs" and plan["private_data"] == "folder"
+    assert rehearsed["steps"] == planned["steps"] and rehearsed["expected_batch"] == planned["expected_batch"] / 4
+    assert rehearsed["sigma_over_batch"] == pytest.approx(planned["sigma_over_batch"])
+    (event,) = PrivacyLedger.load(run.file("ledger.json")).events()
+    assert event.noise_multiplier == pytest.approx(planned["noise_multiplier"] / 4) and event.steps == planned["steps"]
+    report = json.loads(run.file("release/privacy.json").read_text())
+    assert report["rehearsal"]["shrink"] == 4 and "releases" not in report
+    assert not Path(__import__("os").environ["DPSYNTH_RELEASES"]).exists()  # no holder's ledger entry
+    sheet = run.file("release/README.md").read_text()
+    assert sheet.startswith("# Rehearsal on glyphs") and "a rehearsal, not a release of private data" in sheet
+    with np.load(run.file("release/synthetic.npz")) as release:
+        assert release["images"].shape[1:] == (1, 8, 8) and set(release["labels"].tolist()) <= set(range(10))
+    with pytest.raises(DpsynthError, match="a rehearsal does not resume"):
+        resume(str(run.path))
+
+
+def test_a_rehearsal_needs_the_shape_and_size_declared_and_a_stand_in_as_large(tmp_path):
+    config = resolve_config("dp-ldm", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="cpu",
+                            overrides=[*SMOKE, f"run.out_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match=r"--set dataset.channels=\.\.\. --set dataset.resolution=\.\.\. --set "
+                                          r"privacy.dataset_size=\.\.\."):
+        rehearse(config)
+    config = resolve_config("dp-ldm", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="cpu",
+                            overrides=stand_in_overrides(tmp_path, "privacy.dataset_size=5000"))
+    with pytest.raises(DataError, match="stand-in digits: 1,797 images, fewer than the 5,000"):
+        rehearse(config, "digits")
+    done = dpsynth_main("rehearse", "dp-ldm", "--dataset", "folder", "--data-dir", str(tmp_path), "--epsilon", "6",
+                        "--shrink", "0")
+    assert done.code == 2 and "--shrink" in done.err
+    assert not (tmp_path / "runs").exists()
