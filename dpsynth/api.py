@@ -452,9 +452,9 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
         config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()),
                                        f"release.upscaler {upscaler.name!r} ready in "
                                        f"{time.perf_counter() - started:.0f} s (public images only)"]
-    if draw_size and config["preset"] == AUTO_PRESET:  # the method's public parts, trained once, within the budget
+    if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
         ready = get_method(config["method"])(config).ready_public_parts(info, device)
-        if ready:
+        if ready and config["preset"] == AUTO_PRESET:  # within the derived plan's budget
             config = copy.deepcopy(config)
             config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()), *ready]
     # the budget covers the whole command: what the side search and the public parts took is spent already

@@ -138,6 +138,7 @@ def _pretrain_part(args: argparse.Namespace) -> None:
 
 def _pretrain(args: argparse.Namespace) -> None:
     from .api import resolve_config
+    from .data.fingerprints import fingerprints
     from .diffusion.pretrain import pretrain
     from .utils.device import pick_device
 
@@ -159,9 +160,12 @@ def _pretrain(args: argparse.Namespace) -> None:
         raise DpsynthError("--preset and --set of model / diffusion keys need --for METHOD (the method to fit)")
     else:
         settings = PretrainSettings(**training)
-    dataset = _load_dataset(args.dataset, args.data_dir, dataset_keys)
-    out = pretrain(dataset.train, args.out, settings, pick_device(args.device or "auto"), dataset.info.class_names,
-                   args.dataset)
+    dataset, device = _load_dataset(args.dataset, args.data_dir, dataset_keys), pick_device(args.device or "auto")
+    data, extra = dataset.train, {}
+    if args.for_method:  # DP-LDM's public model learns the autoencoder's latents of the public images
+        data, extra = METHODS[args.for_method](config).pretraining_data(dataset.train, dataset.info, device)
+    out = pretrain(data, args.out, settings, device, dataset.info.class_names, args.dataset,
+                   training_prints=fingerprints(dataset.train.images), extra=extra)
     print(f"saved a diffusion model trained on {len(dataset.train)} public {args.dataset} images: {out}")
     if args.for_method:
         preset = f" --preset {args.preset}" if args.preset else ""

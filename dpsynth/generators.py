@@ -268,7 +268,7 @@ class LatentDiffusionGenerator(Generator):
 
     def settings(self) -> dict[str, Any]:
         record = self.autoencoder.record
-        kept = ("name", "side", "channels", "latent_scale", "trained_on", "images")
+        kept = ("name", "side", "channels", "latent_mean", "latent_std", "latent_scale", "trained_on", "images")
         autoencoder = {"shape": _plain(asdict(self.autoencoder.shape)), "sha256": self.autoencoder.weights_sha256,
                        **{key: record[key] for key in kept if key in record}}
         return {**self.latent.settings(), "latent_shape": list(self.latent.shape), "autoencoder": autoencoder}

@@ -1,7 +1,8 @@
 """A rehearsal at zero epsilon: the plan a run of the private data would follow, run on a PUBLIC stand-in of the
 same shape and size, cheaper by the scaling of Sander et al. 2023 ("TAN without a burn"): every DP-SGD stage keeps
 its steps and its noise per example sigma / B at a batch ``shrink`` times smaller (sigma / shrink at B / shrink),
-which costs about 1 / shrink of its time and, by their measurements, learns about as the full batch does.
+which costs about 1 / shrink of its time and, by their measurements, learns about as the full batch does; its
+release and evaluation are cut as a derived plan first cuts them.
 
 Nothing private is read: the shape and size of the private data must be declared (public), the plan is derived from
 them, and the run reads the stand-in only. Nothing is spent: the run enters no holder's ledger, and its release,
@@ -17,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .api import BudgetPlan, dataset_from_config, plan_budget_for, planned_config, training_dataset, with_public_size
+from .autoplan.rules import EVALUATION_CUTS
 from .config import Config, DatasetSettings, PrivacySettings, RunSettings, get_value, set_value
 from .data import Dataset
 from .distributed import World
@@ -31,6 +33,7 @@ from .utils.io import atomic_write_json
 
 DEFAULT_STAND_IN = "glyphs"  # labelled public data of any size, shape and class count, installed with the fonts
 DEFAULT_SHRINK = 4
+REHEARSAL_IMAGES = 5000  # the most images a rehearsal releases: its sampling and evaluation shrink with its training
 STAND_IN_ACCOUNTANT = "rdp"  # the stand-in's own epsilon is only reported; RDP computes it at any sigma
 
 
@@ -67,8 +70,14 @@ def stand_in_config(config: Config, stand_in: str, data_dir: str | None, classes
 
 def shrunk_config(config: Config, shrink: int) -> Config:
     """``config`` with each DP-SGD section's batch ``shrink`` times smaller and its epochs likewise (the same
-    steps); ConfigError when a batch would fall below 2."""
+    steps), and its release and evaluation cut as a derived plan first cuts them (at most
+    :data:`REHEARSAL_IMAGES` released, one classifier seed, 1,000 Inception images a side); ConfigError when a
+    batch would fall below 2."""
     changed = copy.deepcopy(config)
+    cuts = {"sampling.num_samples": REHEARSAL_IMAGES, **EVALUATION_CUTS[0], **EVALUATION_CUTS[1]}
+    for key, value in cuts.items():
+        if get_value(changed, key) > value:
+            set_value(changed, key, value, "rehearsal")
     for section in get_method(config["method"]).dpsgd_sections:
         batch, epochs = get_value(config, f"{section}.batch_size"), get_value(config, f"{section}.epochs")
         if batch // shrink < 2:
@@ -79,8 +88,8 @@ def shrunk_config(config: Config, shrink: int) -> Config:
 
 
 def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: int) -> BudgetPlan:
-    """The plan of the shrunk ``config``: each calibrated stage at the real plan's sigma / ``shrink`` (its steps
-    checked unchanged), the fixed stages as planned; its target the epsilon it spends on the stand-in."""
+    """The plan of the shrunk ``config``: each calibrated DP-SGD stage at the real plan's sigma / ``shrink`` (its
+    steps checked unchanged), the other stages as planned; its target the epsilon it spends on the stand-in."""
     info = dataset.info
     stages: list[PlannedStage] = get_method(config["method"])(config).privacy_stages(info)
     events: dict[str, list[Event]] = {name: list(planned) for name, planned in real.stages.items()}
@@ -88,9 +97,8 @@ def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: in
         if stage.calibrated is None:
             continue
         (event,) = real.stages[stage.name]
-        if not isinstance(event, SubsampledGaussianMechanism):
-            raise ConfigError(f"stage {stage.name}: a rehearsal shrinks DP-SGD stages; this one is "
-                              f"{type(event).__name__}")
+        if not isinstance(event, SubsampledGaussianMechanism):  # no batch to shrink: as planned
+            continue
         shrunk = stage.calibrated(event.noise_multiplier / shrink)
         if not isinstance(shrunk, SubsampledGaussianMechanism) or shrunk.steps != event.steps:
             raise ConfigError(f"stage {stage.name}: at a batch {shrink} times smaller it would take another number "
@@ -101,8 +109,10 @@ def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: in
     return replace(real, accountant=accountant, target=spent, stages=events)
 
 
-def describe(real: BudgetPlan, rehearsal: BudgetPlan, stand_in: str, private: str, shrink: int) -> dict[str, Any]:
-    """What rehearsal.json says: whose plan on what, each DP-SGD stage as planned and as rehearsed."""
+def describe(real: BudgetPlan, rehearsal: BudgetPlan, rehearsed: Config, stand_in: str, private: str,
+             shrink: int) -> dict[str, Any]:
+    """What rehearsal.json says: whose plan on what, each DP-SGD stage as planned and as rehearsed, and the
+    release and evaluation of the rehearsal."""
     def stages(plan: BudgetPlan) -> dict[str, dict[str, float]]:
         return {name: {"noise_multiplier": event.noise_multiplier, "sample_rate": event.sample_rate,
                        "expected_batch": event.sample_rate * plan.size, "steps": event.steps,
@@ -111,6 +121,8 @@ def describe(real: BudgetPlan, rehearsal: BudgetPlan, stand_in: str, private: st
     return {"stand_in": stand_in, "private_data": private, "shrink": shrink, "private_images_read": 0,
             "holder_ledger": "not entered: a rehearsal spends nothing", "planned": stages(real),
             "rehearsed": stages(rehearsal),
+            "release_and_evaluation": {key: get_value(rehearsed, key) for key in
+                                       ("sampling.num_samples", *EVALUATION_CUTS[0], *EVALUATION_CUTS[1])},
             "note": "a public stand-in's outcome under the private run's plan: a forecast, nothing private measured"}
 
 
@@ -137,7 +149,7 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     rehearsed = shrunk_config(public, shrink)
     budget = shrunk_budget(rehearsed, dataset, real, shrink)
     run = RunDirectory.create(rehearsed, name=f"rehearsal-{run_name(rehearsed)}")
-    atomic_write_json(run.file(REHEARSAL), describe(real, budget, stand_in, private, shrink))
+    atomic_write_json(run.file(REHEARSAL), describe(real, budget, rehearsed, stand_in, private, shrink))
     print(f"rehearsal directory: {run.path}\nrehearsing the plan of a {private} run on {len(full.train):,} public "
           f"{stand_in} images, each DP-SGD stage at a batch {shrink} times smaller (same steps and sigma/B): "
           "nothing private is read, nothing is spent", flush=True)

@@ -137,3 +137,39 @@ def test_a_rehearsal_needs_the_shape_and_size_declared_and_a_stand_in_as_large(t
                         "--shrink", "0")
     assert done.code == 2 and "--shrink" in done.err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_dp_ldm_trains_the_attention_of_a_public_latent_model_and_refuses_a_pixel_one(tmp_path):
+    common = ["--dataset", "glyphs", "--iterations", "3", "--batch-size", "8", "--device", "cpu",
+              "--set", "dataset.resolution=8", "--set", "dataset.channels=1", "--set", "dataset.num_images=124"]
+    smoke = [arg for pair in [*SMOKE, f"run.out_dir={tmp_path / 'runs'}"] for arg in ("--set", pair)]
+    for method, sections in (("dp-ldm", ("model.", "diffusion.", "autoencoder.")), ("dpdm", ("model.", "diffusion."))):
+        shaped = [arg for pair in SMOKE if pair.startswith(sections) for arg in ("--set", pair)]
+        done = dpsynth_main("pretrain", "--for", method, "--preset", "cpu", "--out", str(tmp_path / method), *common,
+                            *shaped)
+        assert done.code == 0, done.err
+    run = ["run", "dp-ldm", "--dataset", "digits", "--epsilon", "6", "--preset", "cpu", *smoke]
+    pixel = dpsynth_main(*run, "--init-from", str(tmp_path / "dpdm"))
+    assert pixel.code == 2 and "was not trained on the latents of this run's autoencoder" in pixel.err
+    done = dpsynth_main(*run, "--init-from", str(tmp_path / "dp-ldm"), "--set", "model.trainable=[attention]")
+    assert done.code == 0, done.err
+    log = (run_directory(done.out) / "log.jsonl").read_text()
+    trainable = json.loads(next(line for line in log.splitlines() if '"trainable"' in line))
+    assert trainable["groups"] == ["attention"] and 0 < trainable["parameters"] < trainable["of"] / 2
+
+
+def test_a_rehearsal_shrinks_each_dp_sgd_stage_and_keeps_the_other_mechanisms_as_planned(tmp_path):
+    config = resolve_config("feta-pro", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="cpu",
+                            overrides=[*METHODS["feta-pro"].smoke, *COMMON, "run.device=cpu",
+                                       f"run.out_dir={tmp_path / 'runs'}", "dataset.resolution=8",
+                                       "dataset.channels=1", "privacy.dataset_size=600"])
+    runs = {shrink: rehearse(config, classes=10, shrink=shrink) for shrink in (1, 2)}  # 1: the run's own plan
+    plan = json.loads(runs[2].file("rehearsal.json").read_text())
+    assert set(plan["rehearsed"]) == set(plan["planned"]) == {"dp-sgd"}
+    ledgers = {shrink: PrivacyLedger.load(run.file("ledger.json")).stages() for shrink, run in runs.items()}
+    assert set(ledgers[2]) == {"central-images", "frequency-features", "dp-sgd"}
+    (planned,), (event,) = ledgers[1]["dp-sgd"], ledgers[2]["dp-sgd"]
+    assert event.noise_multiplier == pytest.approx(planned.noise_multiplier / 2) and event.steps == planned.steps
+    for stage in ("central-images", "frequency-features"):
+        assert repr(ledgers[2][stage]) == repr(ledgers[1][stage])  # as planned, not shrunk

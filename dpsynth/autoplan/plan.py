@@ -195,9 +195,10 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
-    config, decisions = deepened(config, inputs.shape[1], kept)
+    side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
+    config, decisions = deepened(config, side, kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
-    config, decisions = chunked(config, inputs.shape[1], device, kept, decisions)
+    config, decisions = chunked(config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
     throughput, words = sustained(measure(method_cls(config), config, inputs, device), device)

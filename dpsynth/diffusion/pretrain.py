@@ -36,9 +36,11 @@ TRAINING_STATE = "pretraining.json"
 
 
 def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device: torch.device,
-             class_names: list[str] | None = None, dataset: str = "", seed: int = 0) -> Path:
-    """Train a DDPM on ``data`` (public images; class-conditional on its labels, ``class_names``, when
-    ``settings.conditional``) and save it in ``out``."""
+             class_names: list[str] | None = None, dataset: str = "", seed: int = 0,
+             training_prints: np.ndarray | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Train a DDPM on ``data`` (public images, or a map of each, whose ``training_prints`` are the images'
+    fingerprints; class-conditional on its labels, ``class_names``, when ``settings.conditional``) and save it in
+    ``out``, its record with ``extra``."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: the directory exists and is not empty; choose a new one")
@@ -52,9 +54,10 @@ def pretrain(data: ImageSet, out: str | Path, settings: PretrainSettings, device
     model = build_unet(channels, height, num_classes, settings.block_channels, settings.layers_per_block,
                        settings.attention, settings.norm_groups).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    prints = fingerprints(data.images)
+    prints = fingerprints(data.images) if training_prints is None else training_prints
     record = {"dataset": dataset, "images": len(data), "fingerprints": len(prints),
-              "class_names": class_names if settings.conditional else None, "settings": asdict(settings)}
+              "class_names": class_names if settings.conditional else None, "settings": asdict(settings),
+              **(extra or {})}
     started = time.perf_counter()
     model.train()
     for step in tqdm(range(1, settings.iterations + 1), desc="pretrain", dynamic_ncols=True):

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..config import Config, SamplingSettings, section_defaults
-from ..data import DatasetInfo
+from ..data import DatasetInfo, ImageSet
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..generators import Generator
@@ -126,6 +126,12 @@ class Method(ABC):
         """Whether its DP-SGD starts from a model trained on public images (``model.init_from``)."""
         return bool(self.config.get("model", {}).get("init_from"))
 
+    def pretraining_data(self, public: ImageSet, info: DatasetInfo, device: torch.device
+                         ) -> tuple[ImageSet, dict[str, Any]]:
+        """What ``dpsynth pretrain --for`` trains its public model on, made of the ``public`` images of ``info``'s
+        shape, and what its record adds; the images themselves by default."""
+        return public, {}
+
     def ready_public_parts(self, info: DatasetInfo, device: torch.device) -> list[str]:
         """Build the parts trained on public data alone that a run on ``info`` needs and a cache keeps (a default
         autoencoder, say), before a derived plan sizes the rest; what each took, in words. None by default."""
@@ -139,6 +145,11 @@ class Method(ABC):
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """What the planner's probe times on random public tensors of ``shape`` (none by default)."""
         return Probes({})
+
+    @classmethod
+    def model_shape(cls, config: Config, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The shape of what its DP-SGD model sees, for images of ``shape``: the images' own by default."""
+        return shape
 
     @classmethod
     def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:

@@ -14,20 +14,21 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..config import Config, RunSettings, preset_with, section_settings
+from ..config import Config, RunSettings, positive, section_settings
 from ..data import DatasetInfo, ImageSet
+from ..diffusion.pretrain import read_pretraining
 from ..errors import ConfigError
 from ..generators import Generator, LatentDiffusionGenerator
 from ..models.autoencoder import SavedAutoencoder, default_shape, latent_shape, load_autoencoder
 from ..privacy import PlannedStage
 from ..training.autoencoder import AutoencoderTraining, default_autoencoder
 from ..training.context import RunContext
-from ..training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
+from ..training.diffusion import SECTIONS, SMOKE_UNET
 from ..training.private import DiffusionDpsgdSection
 from ..training.probes import Probes
 from ..utils.device import pick_device
-from .base import CPU_PROTOCOL, DiffusionMethod, Paper, register
-from .dpdm import DPSGD_STAGE
+from .base import DiffusionMethod, Paper, register
+from .dpdm import DPDM, DPSGD_STAGE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,14 +38,12 @@ class AutoencoderSettings:
     Adam steps) and the images it encodes at a time."""
 
     path: str = "default"
-    iterations: int = AutoencoderTraining.iterations
-    encode_batch: int = 256
+    iterations: int = positive(default=AutoencoderTraining.iterations)
+    encode_batch: int = positive(default=256)
 
 
-# The UNet over 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents: wider than the pixel UNet at a quarter of
-# its positions or fewer.
-LATENT_UNET = {"block_channels": [32, 64, 64], "layers_per_block": 1}
 SMOKE_AUTOENCODER = ("autoencoder.iterations=2",)
+LATENTS_OF = "latents_of_autoencoder"  # a public latent model's record: the SHA-256 of the autoencoder it read
 
 
 @register
@@ -61,8 +60,7 @@ class DPLDM(DiffusionMethod):
     smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_AUTOENCODER, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
                                         "dpsgd.checkpoint_every=2")
     sections = {**SECTIONS, "autoencoder": AutoencoderSettings}
-    presets = {"paper": {"privacy": {"accountant": "rdp"}, "model": LATENT_UNET},
-               "cpu": preset_with(CPU_PROTOCOL, {**CPU_PRESET, "model": LATENT_UNET})}
+    presets = DPDM.presets  # DPDM's UNet and DP-SGD, on 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents
     resume_settings = ("autoencoder.encode_batch",)
     pixel_regime = False  # DP-SGD on latents: the recorded outcomes (pixels) do not bracket it
 
@@ -97,8 +95,20 @@ class DPLDM(DiffusionMethod):
         saved = self.autoencoder(info, device)
         return [f"autoencoder.path {saved.name!r} ready in {time.perf_counter() - started:.0f} s (public images only)"]
 
+    def pretraining_data(self, public: ImageSet, info: DatasetInfo, device: torch.device
+                         ) -> tuple[ImageSet, dict[str, Any]]:
+        """The latents of the public images: a public latent model to start from (``model.init_from``)."""
+        saved = self.autoencoder(info, device)
+        latents = saved.encode(public.images, device, self.autoencoder_settings.encode_batch)
+        return ImageSet(latents, public.labels, public.groups), {LATENTS_OF: saved.weights_sha256}
+
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         saved = self.autoencoder(info, pick_device(RunSettings.of(self.config).device))
+        start = self.trainer.unet_settings.init_from
+        if start and read_pretraining(start, "model.init_from").get(LATENTS_OF) != saved.weights_sha256:
+            raise ConfigError(f"model.init_from: {start} was not trained on the latents of this run's autoencoder "
+                              f"({saved.name}); train one with dpsynth pretrain --for dp-ldm (and the same "
+                              "autoencoder.path)")
         return {**super().public_data(info), f"autoencoder.path {saved.name!r}": saved.fingerprints()}
 
     def report_sections(self, info: DatasetInfo) -> dict[str, Any]:
@@ -128,12 +138,17 @@ class DPLDM(DiffusionMethod):
         return LatentDiffusionGenerator(self.trainer.generator(self.model, latent_info, self.name), self.saved,
                                         self.info.shape)
 
-    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
-        """The UNet's probes at the latent shape the autoencoder makes of ``shape`` (without building it)."""
-        path = self.autoencoder_settings.path
+    @classmethod
+    def model_shape(cls, config: Config, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The latent shape the autoencoder makes of ``shape`` (read from its settings, without building it)."""
+        path = section_settings(AutoencoderSettings, config, "autoencoder").path
         ae_shape = default_shape(shape[1]) if path == "default" else load_autoencoder(path).shape
+        return latent_shape(shape[0], shape[1], ae_shape)
+
+    def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
+        """The UNet's probes at the latent shape (:meth:`model_shape`)."""
         return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
-                                   latent_shape(shape[0], shape[1], ae_shape), num_classes, device)
+                                   self.model_shape(self.config, shape), num_classes, device)
 
 
 def _latent_info(info: DatasetInfo, shape: tuple[int, int, int]) -> DatasetInfo:

@@ -3,9 +3,9 @@
 
 The encoder is a per-image map (convolutions, GroupNorm and attention within one image; the posterior's mean, no
 sampling), so a private image moves its own latent and no other: DP-SGD's per-example clipping on the latents
-bounds each person's influence exactly as on the pixels. Latents are held as "latent images" in [0, 1] (the mean
-times ``latent_scale``, clamped to [-1, 1], then mapped as pixels are), so a diffusion model trains and samples them
-as it does images.
+bounds each person's influence exactly as on the pixels. Latents are held as "latent images" in [0, 1] (the mean,
+standardised per channel by the public latents' statistics and scaled so all but a thousandth of them lie in
+[-1, 1], clamped there, then mapped as pixels are), so a diffusion model trains and samples them as it does images.
 
 Images whose side is not a multiple of :func:`working_side`'s step are padded (edge pixels repeated) before
 encoding and cropped after decoding. A saved autoencoder is a folder: ``autoencoder.safetensors`` (the weights,
@@ -124,22 +124,30 @@ class SavedAutoencoder:
                             "are not private ones; write it again with dpsynth pretrain --autoencoder")
         return prints
 
+    def latent_map(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Each latent channel's mean and standard deviation on the public images (1 x C x 1 x 1), and the scale
+        that then maps all but a thousandth of the public latents into [-1, 1]."""
+        mean, std = (torch.tensor(self.record[key], device=device).view(1, -1, 1, 1)
+                     for key in ("latent_mean", "latent_std"))
+        return mean, std, float(self.record["latent_scale"])
+
     @torch.no_grad()
     def encode(self, images: torch.Tensor, device: torch.device, chunk: int = 256) -> torch.Tensor:
-        """Latent images in [0, 1] (float32, on the CPU) of ``images`` in [0, 1], each encoded alone."""
-        model = self.model.to(device).eval()
-        scale, side = float(self.record["latent_scale"]), working_side(self.side, self.shape)
-        parts = [model.encode(padded(part.float().to(device), side) * 2 - 1).latent_dist.mean.mul(scale).clamp(-1, 1)
-                 .add(1).div(2).cpu() for part in images.split(chunk)]
+        """Latent images in [0, 1] (float32, on the CPU) of ``images`` in [0, 1], each encoded alone: its posterior
+        mean, standardised per channel and scaled (:meth:`latent_map`), clamped to [-1, 1], mapped as pixels are."""
+        model, side = self.model.to(device).eval(), working_side(self.side, self.shape)
+        mean, std, scale = self.latent_map(device)
+        parts = [model.encode(padded(part.float().to(device), side) * 2 - 1).latent_dist.mean.sub(mean).div(std)
+                 .mul(scale).clamp(-1, 1).add(1).div(2).cpu() for part in images.split(chunk)]
         return torch.cat(parts)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, device: torch.device, chunk: int = 256) -> torch.Tensor:
         """Images in [0, 1] (on the CPU, cropped to the autoencoder's side) of latent images in [0, 1]."""
-        model = self.model.to(device).eval()
-        scale, side = float(self.record["latent_scale"]), self.side
-        parts = [model.decode(part.float().to(device).mul(2).sub(1).div(scale)).sample[..., :side, :side]
-                 .add(1).div(2).clamp(0, 1).cpu() for part in latents.split(chunk)]
+        model, side = self.model.to(device).eval(), self.side
+        mean, std, scale = self.latent_map(device)
+        parts = [model.decode(part.float().to(device).mul(2).sub(1).div(scale).mul(std).add(mean)).sample
+                 [..., :side, :side].add(1).div(2).clamp(0, 1).cpu() for part in latents.split(chunk)]
         return torch.cat(parts)
 
 
@@ -170,6 +178,8 @@ def load_autoencoder(folder: str | Path, setting: str = "autoencoder.path") -> S
         model = build_autoencoder(int(record["channels"]), shape_of(record))
         model.load_state_dict(load_file(str(folder / WEIGHTS)))
         float(record["latent_scale"]), int(record["side"])
+        if not len(record["latent_mean"]) == len(record["latent_std"]) == shape_of(record).latent_channels:
+            raise ValueError("latent_mean and latent_std need one value per latent channel")
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise ConfigError(f"{setting}: {folder / CARD} or {WEIGHTS} is damaged ({exc})") from None
     return SavedAutoencoder(model.eval(), folder, record, sha256(folder / WEIGHTS))

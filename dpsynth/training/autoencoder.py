@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ from ..utils.images import as_floats
 from .upscaler import DEFAULT_SOURCES
 
 DEFAULT_CACHE = "~/.cache/dpsynth/autoencoders"
-LATENT_QUANTILE = 0.999  # the latent scale maps this quantile of |latent| on the public images to 1
+LATENT_QUANTILE = 0.999  # the latent scale maps this quantile of the standardised |latent| on public images to 1
+LATENT_MAP = "standardised per channel"  # how latents become latent images (part of the default's recipe)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def train_autoencoder(public: list[ImageSet], out: str | Path, training: Autoenc
     shutil.rmtree(partial, ignore_errors=True)
     prints = np.unique(np.concatenate([fingerprints(part.images) for part in public]))
     save_autoencoder(model.cpu(), shape, partial, {
-        "name": name, "side": side, "channels": channels, "latent_scale": _latent_scale(model, images, work),
+        "name": name, "side": side, "channels": channels, **_latent_map(model, images, work),
         "trained_on": described, "images": len(images), "fingerprints": len(prints), "training": asdict(training),
         "final_loss": round(loss.item(), 5), "seconds": round(time.perf_counter() - started, 1),
         "private_images": 0})
@@ -92,11 +94,16 @@ def train_autoencoder(public: list[ImageSet], out: str | Path, training: Autoenc
 
 
 @torch.no_grad()
-def _latent_scale(model: torch.nn.Module, images: torch.Tensor, work: int, rows: int = 512) -> float:
-    """1 over the :data:`LATENT_QUANTILE` of the latent means' magnitude on (up to ``rows`` of) the public images."""
-    sample = padded(images[:rows], work)
-    means = model.cpu().encode(sample * 2 - 1).latent_dist.mean.abs().flatten()
-    return round(1.0 / max(float(torch.quantile(means[:2 ** 24], LATENT_QUANTILE)), 1e-6), 6)
+def _latent_map(model: torch.nn.Module, images: torch.Tensor, work: int, rows: int = 2048) -> dict[str, Any]:
+    """On (up to ``rows`` of) the public images, each latent channel's mean and standard deviation, and 1 over the
+    :data:`LATENT_QUANTILE` of the standardised latents' magnitude (:meth:`SavedAutoencoder.latent_map`)."""
+    chosen = images[torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:rows]]
+    latents = torch.cat([model.cpu().encode(padded(part, work) * 2 - 1).latent_dist.mean for part in chosen.split(256)])
+    mean, std = latents.mean((0, 2, 3), keepdim=True), latents.std((0, 2, 3), keepdim=True).clamp(min=1e-6)
+    magnitude = ((latents - mean) / std).abs().flatten()[:2 ** 24]
+    return {"latent_mean": [round(value, 6) for value in mean.flatten().tolist()],
+            "latent_std": [round(value, 6) for value in std.flatten().tolist()],
+            "latent_scale": round(1.0 / float(torch.quantile(magnitude, LATENT_QUANTILE)), 6)}
 
 
 def default_autoencoder(side: int, channels: int, device: torch.device, cache_dir: str = DEFAULT_CACHE,
@@ -104,7 +111,8 @@ def default_autoencoder(side: int, channels: int, device: torch.device, cache_di
     """The default autoencoder for images of ``channels`` x ``side`` x ``side``, trained once on
     :data:`~dpsynth.training.upscaler.DEFAULT_SOURCES` into ``cache_dir``."""
     shape = default_shape(side)
-    recipe = json.dumps([side, channels, DEFAULT_SOURCES, asdict(training), asdict(shape)], sort_keys=True)
+    recipe = json.dumps([side, channels, DEFAULT_SOURCES, asdict(training), asdict(shape), LATENT_MAP],
+                        sort_keys=True)
     name = f"dpsynth-default-{channels}x{side}px-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
     folder = Path(cache_dir).expanduser() / name
     if folder.is_dir():

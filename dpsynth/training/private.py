@@ -126,8 +126,8 @@ class PrivateTraining:
             context.adjust_threads()
             if self.ema is not None:
                 self.ema.update(self.model)
-            if self.after_step is not None:
-                stats.update(self.after_step())
+            if self.after_step is not None:  # its losses, detached: they are shown and logged, not differentiated
+                stats.update({name: value.detach() for name, value in self.after_step().items()})
             step += 1
             progress.update(stats)
             if step % self.checkpoint_every == 0 or step == self.steps:

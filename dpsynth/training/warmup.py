@@ -84,4 +84,4 @@ class Warmup:
             done = step + 1
             if done % settings.checkpoint_every == 0 or done == settings.iterations:
                 context.checkpoint(phase, done, model=model, optimizer=optimizer)
-                context.log("warm-up", phase=phase, step=done, loss=float(loss))
+                context.log("warm-up", phase=phase, step=done, loss=float(loss.detach()))
