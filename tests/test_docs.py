@@ -31,6 +31,7 @@ NOT_RUN = {
     "dpsynth bench": "every method in a grid: hours (tests/test_bench.py runs a tiny bench)",
     "dpsynth pretrain": "trains a model on public data: minutes (tests/test_public_start.py)",
     "dpsynth evaluate": "Inception features and classifiers: minutes (tests/test_evaluation.py)",
+    "dpsynth rehearse": "runs a plan on public images: minutes (tests/test_dp_ldm.py runs tiny rehearsals)",
     "dpsynth doctor --device cuda": "needs a GPU (tests/test_device.py runs the doctor on the CPU)",
     "dpsynth audit": "10^4-10^5 trials per mechanism: minutes (tests/test_audit.py)",
     "OMP_NUM_THREADS=1 dpsynth audit": "as dpsynth audit",

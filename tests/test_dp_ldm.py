@@ -41,6 +41,7 @@ def test_the_autoencoder_maps_each_image_alone_pads_an_odd_side_and_keeps_its_pu
     latents = saved.encode(images, torch.device("cpu"), chunk=4)
     alone = torch.cat([saved.encode(image[None], torch.device("cpu")) for image in images])
     assert latents.shape == (6, 4, 16, 16) and torch.allclose(latents, alone, atol=1e-5)
+    assert torch.allclose(saved.encode(public.images[:6], torch.device("cpu")), latents, atol=1e-5)  # uint8 as loaded
     assert 0 <= latents.min() and latents.max() <= 1
     decoded = saved.decode(latents, torch.device("cpu"))
     assert decoded.shape == (6, 1, 28, 28) and 0 <= decoded.min() and decoded.max() <= 1

@@ -27,6 +27,7 @@ from torch.nn import functional
 
 from ..data.fingerprints import FINGERPRINTS, load_fingerprints
 from ..errors import ConfigError, DataError
+from ..utils.images import as_floats
 from ..utils.io import sha256
 
 WEIGHTS, CARD = "autoencoder.safetensors", "autoencoder.json"
@@ -133,11 +134,12 @@ class SavedAutoencoder:
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, device: torch.device, chunk: int = 256) -> torch.Tensor:
-        """Latent images in [0, 1] (float32, on the CPU) of ``images`` in [0, 1], each encoded alone: its posterior
-        mean, standardised per channel and scaled (:meth:`latent_map`), clamped to [-1, 1], mapped as pixels are."""
+        """Latent images in [0, 1] (float32, on the CPU) of ``images`` (uint8 as loaded, or floats in [0, 1]), each
+        encoded alone: its posterior mean, standardised per channel and scaled (:meth:`latent_map`), clamped to
+        [-1, 1], mapped as pixels are."""
         model, side = self.model.to(device).eval(), working_side(self.side, self.shape)
         mean, std, scale = self.latent_map(device)
-        parts = [model.encode(padded(part.float().to(device), side) * 2 - 1).latent_dist.mean.sub(mean).div(std)
+        parts = [model.encode(padded(as_floats(part).to(device), side) * 2 - 1).latent_dist.mean.sub(mean).div(std)
                  .mul(scale).clamp(-1, 1).add(1).div(2).cpu() for part in images.split(chunk)]
         return torch.cat(parts)
 
