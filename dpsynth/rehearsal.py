@@ -34,7 +34,8 @@ from .utils.io import atomic_write_json
 DEFAULT_STAND_IN = "glyphs"  # labelled public data of any size, shape and class count, installed with the fonts
 DEFAULT_SHRINK = 4
 REHEARSAL_IMAGES = 5000  # the most images a rehearsal releases: its sampling and evaluation shrink with its training
-STAND_IN_ACCOUNTANT = "rdp"  # the stand-in's own epsilon is only reported; RDP computes it at any sigma
+STAND_IN_ACCOUNTANT = "rdp"  # the stand-in's own epsilon (only reported): RDP computes it at any sigma; the plan
+# rehearsed is calibrated by the run's own accountant
 
 
 def declared_shape(config: Config) -> tuple[int, int, int]:
@@ -64,16 +65,16 @@ def stand_in_config(config: Config, stand_in: str, data_dir: str | None, classes
                     "title": f"Rehearsal on {stand_in} (a public stand-in for {private.title or private.name})",
                     "description": "a rehearsal at zero epsilon: the plan of a private run, on public images of "
                                    "the same shape and size", "owner": None})
-    set_value(changed, "privacy.accountant", STAND_IN_ACCOUNTANT, "rehearsal")
     return changed
 
 
 def shrunk_config(config: Config, shrink: int) -> Config:
     """``config`` with each DP-SGD section's batch ``shrink`` times smaller and its epochs likewise (the same
-    steps), and its release and evaluation cut as a derived plan first cuts them (at most
-    :data:`REHEARSAL_IMAGES` released, one classifier seed, 1,000 Inception images a side); ConfigError when a
-    batch would fall below 2."""
+    steps), its own epsilon accounted by :data:`STAND_IN_ACCOUNTANT`, and its release and evaluation cut as a
+    derived plan first cuts them (at most :data:`REHEARSAL_IMAGES` released, one classifier seed, 1,000 Inception
+    images a side); ConfigError when a batch would fall below 2."""
     changed = copy.deepcopy(config)
+    set_value(changed, "privacy.accountant", STAND_IN_ACCOUNTANT, "rehearsal")  # the stand-in's own epsilon
     cuts = {"sampling.num_samples": REHEARSAL_IMAGES, **EVALUATION_CUTS[0], **EVALUATION_CUTS[1]}
     for key, value in cuts.items():
         if get_value(changed, key) > value:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import dpsynth_main, run_directory
 
-from dpsynth.api import resolve_config
+from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.data import load_dataset
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError
@@ -18,7 +18,7 @@ from dpsynth.methods import METHODS
 from dpsynth.models.autoencoder import AutoencoderShape, load_autoencoder
 from dpsynth.pipeline import resume, start
 from dpsynth.privacy import PrivacyLedger
-from dpsynth.rehearsal import rehearse
+from dpsynth.rehearsal import rehearse, stand_in_config
 from dpsynth.training.autoencoder import AutoencoderTraining, train_autoencoder
 from dpsynth.utils.io import sha256
 
@@ -78,9 +78,10 @@ def test_dp_ldm_runs_through_the_cli_and_names_its_autoencoder_in_privacy_json(t
 def test_an_autoencoder_trained_on_the_private_images_or_for_another_shape_is_refused(tmp_path):
     done = dpsynth_main("pretrain", "--autoencoder", "--dataset", "digits", "--out", str(tmp_path / "private-ae"),
                         "--iterations", "2", "--batch-size", "8", "--device", "cpu")
-    assert done.code == 0, done.err and "autoencoder.path=" in done.out
+    assert done.code == 0 and "autoencoder.path=" in done.out, done.err
+    private_ae = f"autoencoder.path={tmp_path / 'private-ae'}"
     config = resolve_config("dp-ldm", dataset="digits", epsilon=6.0, preset="cpu",
-                            overrides=[*SMOKE, f"run.out_dir={tmp_path}", f"autoencoder.path={tmp_path / 'private-ae'}"])
+                            overrides=[*SMOKE, f"run.out_dir={tmp_path}", private_ae])
     with pytest.raises(DataError, match="autoencoder.path 'private-ae'.* private"):
         start(config)
     assert not list(tmp_path.glob("dp-ldm-*"))  # refused before a run directory
@@ -104,10 +105,13 @@ def test_a_rehearsal_reads_no_private_image_and_spends_nothing(tmp_path):
         (private / "a" / f"{index}.png").parent.mkdir(parents=True, exist_ok=True)
         (private / "a" / f"{index}.png").write_bytes(b"not an image")
     config = resolve_config("dp-ldm", dataset="folder", data_dir=str(private), epsilon=6.0, preset="cpu",
-                            overrides=stand_in_overrides(tmp_path, "dpsgd.epochs=0.5"))
+                            overrides=stand_in_overrides(tmp_path, "dpsgd.epochs=0.5", "privacy.accountant=pld"))
     run = rehearse(config, "glyphs", shrink=4, classes=10)
     plan = json.loads(run.file("rehearsal.json").read_text())
     planned, rehearsed = plan["planned"]["dp-sgd"], plan["rehearsed"]["dp-sgd"]
+    stand_in = stand_in_config(config, "glyphs", None, 10)  # the private run's plan: its own (PLD) accountant
+    (real,) = plan_budget_for(stand_in, dataset_from_config(stand_in).info).stages["dp-sgd"]
+    assert planned["noise_multiplier"] == pytest.approx(real.noise_multiplier)
     assert plan["private_images_read"] == 0 and plan["stand_in"] == "glyphs" and plan["private_data"] == "folder"
     assert rehearsed["steps"] == planned["steps"] and rehearsed["expected_batch"] == planned["expected_batch"] / 4
     assert rehearsed["sigma_over_batch"] == pytest.approx(planned["sigma_over_batch"])

@@ -177,7 +177,7 @@ def test_pretrain_for_a_method_prints_how_to_start_from_it(tmp_path, capsys):
     assert f"dpsynth run dp-feta --init-from {out}" in capsys.readouterr().out
     assert json.loads((out / "pretraining.json").read_text())["settings"]["block_channels"] == [8, 16]
     assert main(["pretrain", "--dataset", "glyphs", "--for", "pe", "--out", str(tmp_path / "x")]) == 2
-    assert "methods that do: dp-feta, dp-sad, dpdm, feta-pro, pdp-diffusion" in capsys.readouterr().err
+    assert "methods that do: dp-feta, dp-ldm, dp-sad, dpdm, feta-pro, pdp-diffusion" in capsys.readouterr().err
 
 
 def test_dp_merf_releases_its_means_once_with_the_calibrated_noise(tmp_path):

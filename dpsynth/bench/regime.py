@@ -39,7 +39,8 @@ def outcomes(results: Path) -> list[Outcome]:
 
 
 def outcome_of(run: Path, results: Path) -> Outcome | None:
-    """The outcome of the run in ``run``, or None when it has no evaluated CNN or no diffusion DP-SGD stage."""
+    """The outcome of the run in ``run``, or None when it has no evaluated CNN or no diffusion DP-SGD stage on
+    pixels."""
     metrics_path, ledger_path = run / "metrics.json", run / "ledger.json"
     if not (metrics_path.is_file() and ledger_path.is_file()):
         return None
@@ -49,6 +50,8 @@ def outcome_of(run: Path, results: Path) -> Outcome | None:
     if cnn is None or len(events) != 1:
         return None
     config = yaml.safe_load((run / "config.yaml").read_text())
+    if not get_method(config["method"]).pixel_regime:  # DP-SGD on latents: not the pixel runs the regime reads
+        return None
     event, dataset = events[0], config["dataset"]
     units = public_units(run, config)
     machine, date = provenance(run, results)
