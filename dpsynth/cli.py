@@ -366,7 +366,6 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def _rehearse(args: argparse.Namespace) -> None:
-    began = time.perf_counter()
     from .api import resolve_config
     from .evaluation import METRICS
     from .rehearsal import rehearse
@@ -376,7 +375,7 @@ def _rehearse(args: argparse.Namespace) -> None:
     overrides = _method_overrides(args) + ([f"run.device={args.device}"] if args.device else [])
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=overrides)
-    run = rehearse(config, args.stand_in, args.stand_in_dir, args.shrink, args.classes, began)
+    run = rehearse(config, args.stand_in, args.stand_in_dir, args.shrink, args.classes)
     if run.file(METRICS).exists():
         print(f"a public stand-in's outcome ({args.stand_in}), not the private data's:")
         print(_format_metrics(json.loads(run.file(METRICS).read_text())))

@@ -2,7 +2,9 @@
 same shape and size, cheaper by the scaling of Sander et al. 2023 ("TAN without a burn"): every DP-SGD stage keeps
 its steps and its noise per example sigma / B at a batch ``shrink`` times smaller (sigma / shrink at B / shrink),
 which costs about 1 / shrink of its time and, by their measurements, learns about as the full batch does; its
-release and evaluation are cut as a derived plan first cuts them.
+release is ``shrink`` times smaller and its evaluation cut as a derived plan first cuts it. Where the private data
+has several images a person (``privacy.max_images_per_group`` declared), the plan prices a step by the person as
+the run's would, though the stand-in has one image each.
 
 Nothing private is read: the shape and size of the private data must be declared (public), the plan is derived from
 them, and the run reads the stand-in only. Nothing is spent: the run enters no holder's ledger, and its release,
@@ -12,14 +14,13 @@ resume (it is run again).
 from __future__ import annotations
 
 import copy
-import time
 import warnings
 from dataclasses import replace
 from typing import Any
 
 from .api import BudgetPlan, dataset_from_config, plan_budget_for, planned_config, training_dataset, with_public_size
 from .autoplan.rules import EVALUATION_CUTS
-from .config import Config, DatasetSettings, PrivacySettings, RunSettings, get_value, set_value
+from .config import Config, DatasetSettings, PlanSettings, PrivacySettings, RunSettings, get_value, set_value
 from .data import Dataset
 from .distributed import World
 from .errors import ConfigError, DataError
@@ -33,7 +34,8 @@ from .utils.io import atomic_write_json
 
 DEFAULT_STAND_IN = "glyphs"  # labelled public data of any size, shape and class count, installed with the fonts
 DEFAULT_SHRINK = 4
-REHEARSAL_IMAGES = 5000  # the most images a rehearsal releases: its sampling and evaluation shrink with its training
+REHEARSAL_IMAGES = 5000  # a rehearsal releases 1 / shrink of the plan's images, at most this many, at least
+REHEARSAL_LEAST = 1000  # this many (or the plan's own, where smaller): its sampling and evaluation shrink with it
 STAND_IN_ACCOUNTANT = "rdp"  # the stand-in's own epsilon (only reported): RDP computes it at any sigma; the plan
 # rehearsed is calibrated by the run's own accountant
 
@@ -68,14 +70,31 @@ def stand_in_config(config: Config, stand_in: str, data_dir: str | None, classes
     return changed
 
 
+def priced_as_private(stand_in: Dataset, config: Config) -> Dataset:
+    """``stand_in`` (one image a unit) as the plan prices the private data: by the person, at
+    ``privacy.max_images_per_group`` images each, where the user declared that cap (the private data has several
+    images a person), so the rehearsal plans the steps the run would plan."""
+    if "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys:
+        return stand_in
+    info = stand_in.info  # each image its own group: the same N, priced by the person
+    return replace(stand_in, info=replace(info, group_counts=dict(info.split_sizes), group_source="the declared cap"))
+
+
+def rehearsal_release(planned: int, shrink: int) -> int:
+    """The images a rehearsal releases of a plan that releases ``planned``: 1 / ``shrink`` of them, within
+    [:data:`REHEARSAL_LEAST`, :data:`REHEARSAL_IMAGES`] (the plan's own where it releases fewer)."""
+    return min(planned, max(REHEARSAL_LEAST, min(planned // shrink, REHEARSAL_IMAGES)))
+
+
 def shrunk_config(config: Config, shrink: int) -> Config:
     """``config`` with each DP-SGD section's batch ``shrink`` times smaller and its epochs likewise (the same
-    steps), its own epsilon accounted by :data:`STAND_IN_ACCOUNTANT`, and its release and evaluation cut as a
-    derived plan first cuts them (at most :data:`REHEARSAL_IMAGES` released, one classifier seed, 1,000 Inception
-    images a side); ConfigError when a batch would fall below 2."""
+    steps), its own epsilon accounted by :data:`STAND_IN_ACCOUNTANT`, its release ``shrink`` times smaller
+    (:func:`rehearsal_release`) and its evaluation cut as a derived plan first cuts it (one classifier seed, 1,000
+    Inception images a side); ConfigError when a batch would fall below 2."""
     changed = copy.deepcopy(config)
     set_value(changed, "privacy.accountant", STAND_IN_ACCOUNTANT, "rehearsal")  # the stand-in's own epsilon
-    cuts = {"sampling.num_samples": REHEARSAL_IMAGES, **EVALUATION_CUTS[0], **EVALUATION_CUTS[1]}
+    released = rehearsal_release(get_value(config, "sampling.num_samples"), shrink)
+    cuts = {"sampling.num_samples": released, **EVALUATION_CUTS[0], **EVALUATION_CUTS[1]}
     for key, value in cuts.items():
         if get_value(changed, key) > value:
             set_value(changed, key, value, "rehearsal")
@@ -128,10 +147,11 @@ def describe(real: BudgetPlan, rehearsal: BudgetPlan, rehearsed: Config, stand_i
 
 
 def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | None = None,
-             shrink: int = DEFAULT_SHRINK, classes: int | None = None, began: float | None = None) -> RunDirectory:
+             shrink: int = DEFAULT_SHRINK, classes: int | None = None) -> RunDirectory:
     """Run ``config``'s plan on the public ``stand_in`` (a dataset name, read from ``data_dir`` when given) at the
-    declared shape and size, each DP-SGD stage ``shrink`` times cheaper; the run directory it released into."""
-    began = time.perf_counter() if began is None else began
+    declared shape and size, each DP-SGD stage ``shrink`` times cheaper; the run directory it released into. Its
+    evaluation is the one it planned: a run's is restored or cut to its budget's time, a rehearsal's budget is the
+    run's."""
     if shrink < 1:
         raise ConfigError(f"--shrink must be a whole number of at least 1, got {shrink}")
     private = DatasetSettings.of(config).name
@@ -144,8 +164,8 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     if held < declared_shape(config)[2]:
         raise DataError(f"stand-in {stand_in}: {held:,} images, fewer than the {declared_shape(config)[2]:,} the "
                         "private set is declared to hold; name a larger public set (--stand-in, --stand-in-dir)")
-    public, dataset = planned_config(public, full, device)
-    dataset = training_dataset(public, with_public_size(public, dataset))
+    public, _ = planned_config(public, priced_as_private(full, config), device)
+    dataset = training_dataset(public, with_public_size(public, full))
     real = plan_budget_for(public, dataset.info)
     rehearsed = shrunk_config(public, shrink)
     budget = shrunk_budget(rehearsed, dataset, real, shrink)
@@ -154,5 +174,5 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     print(f"rehearsal directory: {run.path}\nrehearsing the plan of a {private} run on {len(full.train):,} public "
           f"{stand_in} images, each DP-SGD stage at a batch {shrink} times smaller (same steps and sigma/B): "
           "nothing private is read, nothing is spent", flush=True)
-    return execute(run, dataset, budget, World(), began)
+    return execute(run, dataset, budget, World())
 

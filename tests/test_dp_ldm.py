@@ -11,6 +11,7 @@ import torch
 from conftest import dpsynth_main, run_directory
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
+from dpsynth.autoplan.plan import plan_inputs
 from dpsynth.data import load_dataset
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError
@@ -18,8 +19,8 @@ from dpsynth.methods import METHODS
 from dpsynth.models.autoencoder import AutoencoderShape, load_autoencoder
 from dpsynth.pipeline import resume, start
 from dpsynth.privacy import PrivacyLedger
-from dpsynth.rehearsal import rehearse, stand_in_config
-from dpsynth.training.autoencoder import AutoencoderTraining, train_autoencoder
+from dpsynth.rehearsal import priced_as_private, rehearsal_release, rehearse, stand_in_config
+from dpsynth.training.autoencoder import AutoencoderTraining, _crops, train_autoencoder
 from dpsynth.utils.io import sha256
 
 SMOKE = [*METHODS["dp-ldm"].smoke, *COMMON, "run.device=cpu"]
@@ -53,6 +54,20 @@ def test_the_autoencoder_maps_each_image_alone_pads_an_odd_side_and_keeps_its_pu
         load_autoencoder(tmp_path / "ae")
     with pytest.raises(ConfigError, match="holds no autoencoder"):
         load_autoencoder(tmp_path)
+
+
+def test_an_autoencoder_trains_on_random_crops_and_encodes_whole_images(tmp_path):
+    images = torch.arange(2 * 8 * 8, dtype=torch.float32).view(2, 1, 8, 8)
+    crops = _crops(images, 4, torch.Generator().manual_seed(0))
+    assert crops.shape == (2, 1, 4, 4)
+    for image, crop in zip(images, crops, strict=True):  # each crop is a window of its own image
+        top, left = divmod(int(crop[0, 0, 0]) - int(image[0, 0, 0]), 8)
+        assert torch.equal(crop, image[:, top:top + 4, left:left + 4])
+    assert _crops(images, 8, torch.Generator()) is images
+    saved = train_autoencoder([glyphs(32)], tmp_path / "ae", AutoencoderTraining(iterations=2, batch_size=4, crop=15),
+                              TINY_SHAPE, torch.device("cpu"), "cropped", "glyphs")
+    assert saved.record["training"]["crop"] == 15 and saved.latent_shape() == (4, 16, 16)
+    assert saved.encode(glyphs(32).images[:3], torch.device("cpu")).shape == (3, 4, 16, 16)
 
 
 @pytest.mark.slow
@@ -126,6 +141,27 @@ def test_a_rehearsal_reads_no_private_image_and_spends_nothing(tmp_path):
         assert release["images"].shape[1:] == (1, 8, 8) and set(release["labels"].tolist()) <= set(range(10))
     with pytest.raises(DpsynthError, match="a rehearsal does not resume"):
         resume(str(run.path))
+
+
+def test_a_rehearsal_prices_a_step_by_the_person_where_a_person_has_several_images(tmp_path):
+    def stand_in(*extra: str):
+        config = resolve_config("dp-ldm", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="auto",
+                                overrides=stand_in_overrides(tmp_path, *extra))
+        return config, dataset_from_config(stand_in_config(config, "glyphs", None, 10))
+
+    config, images = stand_in()
+    assert priced_as_private(images, config) is images and images.info.unit == "image"
+    config, images = stand_in("privacy.max_images_per_group=5")  # declared: the private data has groups
+    priced = priced_as_private(images, config)
+    assert priced.info.unit == "group" and priced.info.num_train == images.info.num_train
+    assert priced.train is images.train and priced.train.groups is None  # the stand-in itself is unchanged
+    assert plan_inputs(priced.info, torch.device("cpu"), 5).images_per_unit == 5
+
+
+def test_a_rehearsal_releases_a_shrink_th_of_the_plans_images_within_its_bounds():
+    assert [rehearsal_release(planned, 4) for planned in (500, 2000, 5000, 20_000, 60_000)] == [
+        500, 1000, 1250, 5000, 5000]
+    assert rehearsal_release(5000, 1) == 5000
 
 
 def test_a_rehearsal_needs_the_shape_and_size_declared_and_a_stand_in_as_large(tmp_path):

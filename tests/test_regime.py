@@ -19,7 +19,7 @@ from dpsynth.bench.recipes import recipes
 from dpsynth.bench.regime import outcomes
 from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
-from dpsynth.models.upscaler import WEIGHTS
+from dpsynth.models.upscaler import SavedUpscaler
 from dpsynth.utils.io import sha256
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -153,7 +153,7 @@ def test_a_release_made_smaller_is_lifted_by_an_upscaler_that_saw_only_public_im
     report = json.loads((run / "release" / "privacy.json").read_text())
     lifted = report["upscaling"]
     assert (lifted["private_side"], lifted["release_side"], lifted["private_images_seen"]) == (32, 64, 0)
-    assert lifted["upscaler"] == "upscaler" and lifted["upscaler_sha256"] == sha256(upscaler / WEIGHTS)
+    assert lifted["upscaler"] == "upscaler" and lifted["upscaler_sha256"] == sha256(upscaler / SavedUpscaler.files()[0])
     assert any(name.startswith("release.upscaler") for name in report["public_data"])
     assert report["training_regime"][0]["side"] == 32
     assert "lifted to 64 x 64 by the upscaler `upscaler`" in (run / "release" / "README.md").read_text()

@@ -17,6 +17,7 @@ import yaml
 
 from ..autoplan.recipes import HOLDER_SIDE, Recipe
 from ..autoplan.rules import parse_duration
+from ..runs import REHEARSAL
 from .frontier import RELEASED_SHAPE
 from .regime import class_count, data_name, provenance, public_units, trained_side
 
@@ -31,11 +32,12 @@ def recipes(results: Path) -> list[Recipe]:
 
 
 def recipe_of(run: Path, results: Path) -> Recipe | None:
-    """The recipe of the run in ``run``, or None when it is no measured plan at a holder's side or has no CNN."""
+    """The recipe of the run in ``run``, or None when it is no measured plan at a holder's side (a rehearsal is
+    none) or has no CNN."""
     measurement = run.parent
     cnn = json.loads((run / "metrics.json").read_text()).get("accuracy", {}).get("cnn")
     privacy_path, wall_path = run / "release" / "privacy.json", measurement / "wall.txt"
-    if cnn is None or not privacy_path.is_file() or not wall_path.is_file():
+    if cnn is None or not privacy_path.is_file() or not wall_path.is_file() or (run / REHEARSAL).is_file():
         return None
     config = yaml.safe_load((run / "config.yaml").read_text())
     privacy = json.loads(privacy_path.read_text())

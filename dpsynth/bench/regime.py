@@ -17,6 +17,7 @@ import yaml
 from ..api import TRAINING_STAGE
 from ..autoplan.regime import Outcome, Start
 from ..methods import get_method
+from ..runs import REHEARSAL
 from .frontier import RAN_ON, RELEASED_SHAPE
 
 STAMP = re.compile(r"-(\d{4})(\d{2})(\d{2})-\d{6}$")
@@ -47,7 +48,7 @@ def outcome_of(run: Path, results: Path) -> Outcome | None:
     cnn = json.loads(metrics_path.read_text()).get("accuracy", {}).get("cnn")
     events = [entry["event"] for entry in json.loads(ledger_path.read_text())["entries"]
               if entry["stage"] == TRAINING_STAGE and entry["event"].get("kind") == "subsampled_gaussian"]
-    if cnn is None or len(events) != 1:
+    if cnn is None or len(events) != 1 or (run / REHEARSAL).is_file():  # a rehearsal forecasts; it records no plan
         return None
     config = yaml.safe_load((run / "config.yaml").read_text())
     if not get_method(config["method"]).pixel_regime:  # DP-SGD on latents: not the pixel runs the regime reads

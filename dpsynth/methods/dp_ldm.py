@@ -19,13 +19,21 @@ from ..data import DatasetInfo, ImageSet
 from ..diffusion.pretrain import read_pretraining
 from ..errors import ConfigError
 from ..generators import Generator, LatentDiffusionGenerator
-from ..models.autoencoder import SavedAutoencoder, default_shape, latent_shape, load_autoencoder
+from ..models.autoencoder import (
+    AutoencoderShape,
+    SavedAutoencoder,
+    build_autoencoder,
+    default_shape,
+    latent_shape,
+    load_autoencoder,
+    working_side,
+)
 from ..privacy import PlannedStage
 from ..training.autoencoder import AutoencoderTraining, default_autoencoder
 from ..training.context import RunContext
 from ..training.diffusion import SECTIONS, SMOKE_UNET
 from ..training.private import DiffusionDpsgdSection
-from ..training.probes import Probes
+from ..training.probes import Probes, timed
 from ..utils.device import pick_device
 from .base import DiffusionMethod, Paper, register
 from .dpdm import DPDM, DPSGD_STAGE
@@ -43,6 +51,7 @@ class AutoencoderSettings:
 
 
 SMOKE_AUTOENCODER = ("autoencoder.iterations=2",)
+ENCODING_PHASE = "encoding"  # the planner's phase: each private training image encoded once
 LATENTS_OF = "latents_of_autoencoder"  # a public latent model's record: the SHA-256 of the autoencoder it read
 
 
@@ -140,15 +149,47 @@ class DPLDM(DiffusionMethod):
 
     @classmethod
     def model_shape(cls, config: Config, shape: tuple[int, int, int]) -> tuple[int, int, int]:
-        """The latent shape the autoencoder makes of ``shape`` (read from its settings, without building it)."""
-        path = section_settings(AutoencoderSettings, config, "autoencoder").path
-        ae_shape = default_shape(shape[1]) if path == "default" else load_autoencoder(path).shape
-        return latent_shape(shape[0], shape[1], ae_shape)
+        """The latent shape the autoencoder makes of ``shape`` (:func:`autoencoder_shape`)."""
+        return latent_shape(shape[0], shape[1], autoencoder_shape(config, shape[1]))
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
-        """The UNet's probes at the latent shape (:meth:`model_shape`)."""
-        return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
-                                   self.model_shape(self.config, shape), num_classes, device)
+        """The UNet's probes at the latent shape (:meth:`model_shape`); a unit of the release's work (an image-step
+        of sampling) carries its share of decoding the image (one decode per ``diffusion.sample_steps``), and
+        encoding the private images is a phase of its own, by the image."""
+        probes = self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
+                                     self.model_shape(self.config, shape), num_classes, device)
+        sample, steps = probes.sampling, int(self.config["diffusion"]["sample_steps"])
+        encoding = {ENCODING_PHASE: lambda: coding_cost(self.config, shape, device, decode=False)}
+        if sample is None:
+            return replace(probes, phases={**probes.phases, **encoding})
+        return replace(probes, phases={**probes.phases, **encoding},
+                       sampling=lambda: sample() + coding_cost(self.config, shape, device, decode=True) / steps)
+
+    @classmethod
+    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+        return {ENCODING_PHASE: num_images}
+
+
+def autoencoder_shape(config: Config, side: int) -> AutoencoderShape:
+    """The shape of ``config``'s autoencoder for images of ``side`` px: the default's, or the saved one's."""
+    path = section_settings(AutoencoderSettings, config, "autoencoder").path
+    return default_shape(side) if path == "default" else load_autoencoder(path).shape
+
+
+def coding_cost(config: Config, shape: tuple[int, int, int], device: torch.device, decode: bool,
+                images: int = 64) -> float:
+    """Seconds per image of encoding images of ``shape`` with ``config``'s autoencoder shape (or of decoding their
+    latents), timed on an untrained model of that shape after a warm-up call: the cost depends on the shape only.
+    A call of ``images`` at a time, as a run's chunks go (on a CPU, 8 at a time cost 0.4x as much an image as 64 at
+    128 px: a smaller probe underprices the run's chunks)."""
+    ae_shape = autoencoder_shape(config, shape[1])
+    model = build_autoencoder(shape[0], ae_shape).to(device).eval()
+    inputs = (torch.randn(images, *latent_shape(*shape[:2], ae_shape)) if decode
+              else torch.rand(images, shape[0], *(2 * [working_side(shape[1], ae_shape)]))).to(device)
+    call = model.decode if decode else model.encode
+    with torch.no_grad():
+        call(inputs[:1])
+        return timed(lambda: call(inputs), device) / images
 
 
 def _latent_info(info: DatasetInfo, shape: tuple[int, int, int]) -> DatasetInfo:

@@ -8,29 +8,23 @@ standardised per channel by the public latents' statistics and scaled so all but
 [-1, 1], clamped there, then mapped as pixels are), so a diffusion model trains and samples them as it does images.
 
 Images whose side is not a multiple of :func:`working_side`'s step are padded (edge pixels repeated) before
-encoding and cropped after decoding. A saved autoencoder is a folder: ``autoencoder.safetensors`` (the weights,
-whose SHA-256 names it in a release), ``autoencoder.json`` (its shape, latent scale, and on which public images it
-was trained) and ``fingerprints.npy`` (those images' fingerprints, so a run checks that none of them is private).
+encoding and cropped after decoding. A saved autoencoder is a folder (:mod:`dpsynth.models.saved`:
+``autoencoder.safetensors``, ``autoencoder.json`` with its shape and latent map, ``fingerprints.npy``).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from diffusers import AutoencoderKL
-from safetensors.torch import load_file, save_file
 from torch.nn import functional
 
-from ..data.fingerprints import FINGERPRINTS, load_fingerprints
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
 from ..utils.images import as_floats
-from ..utils.io import sha256
+from .saved import SavedModel, read_model
 
-WEIGHTS, CARD = "autoencoder.safetensors", "autoencoder.json"
 LATENT_MULTIPLE = 4  # the latent side is a multiple of 4, so a 3-level UNet halves it twice
 
 
@@ -89,18 +83,13 @@ def padded(images: torch.Tensor, side: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class SavedAutoencoder:
-    """A saved autoencoder: the model, its folder, its record (``side``, ``channels``, ``latent_scale``, what it
-    was trained on) and the SHA-256 of its weights."""
+class SavedAutoencoder(SavedModel):
+    """A saved autoencoder (:class:`~dpsynth.models.saved.SavedModel`) whose record holds its ``side``,
+    ``channels`` and latent map."""
 
     model: AutoencoderKL
-    folder: Path
-    record: dict[str, Any]
-    weights_sha256: str
-
-    @property
-    def name(self) -> str:
-        return str(self.record.get("name") or self.folder.name)
+    kind: ClassVar[str] = "autoencoder"
+    command: ClassVar[str] = "dpsynth pretrain --autoencoder"
 
     @property
     def shape(self) -> AutoencoderShape:
@@ -116,14 +105,6 @@ class SavedAutoencoder:
 
     def latent_shape(self) -> tuple[int, int, int]:
         return latent_shape(self.channels, self.side, self.shape)
-
-    def fingerprints(self) -> np.ndarray:
-        """The fingerprints of the public images it was trained on (DataError when the folder lacks them)."""
-        prints = load_fingerprints(self.folder, self.record.get("fingerprints"))
-        if prints is None:
-            raise DataError(f"{self.folder}: no {FINGERPRINTS}: nothing shows that the autoencoder's training images "
-                            "are not private ones; write it again with dpsynth pretrain --autoencoder")
-        return prints
 
     def latent_map(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Each latent channel's mean and standard deviation on the public images (1 x C x 1 x 1), and the scale
@@ -160,28 +141,15 @@ def shape_of(record: dict[str, Any]) -> AutoencoderShape:
     return AutoencoderShape(**values)
 
 
-def save_autoencoder(model: AutoencoderKL, shape: AutoencoderShape, out: Path, record: dict[str, Any]) -> None:
-    """Write ``model`` and ``record`` (how and on what it was trained, its side, channels and latent scale) into
-    the folder ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()},
-              str(out / WEIGHTS))
-    (out / CARD).write_text(json.dumps({"shape": asdict(shape), **record}, indent=1) + "\n")
-
-
 def load_autoencoder(folder: str | Path, setting: str = "autoencoder.path") -> SavedAutoencoder:
     """The autoencoder saved in ``folder``; ConfigError naming ``setting`` when the folder holds none."""
-    folder = Path(folder).expanduser()
-    if not (folder / WEIGHTS).is_file() or not (folder / CARD).is_file():
-        raise ConfigError(f"{setting}: {folder} holds no autoencoder (expected {WEIGHTS} and {CARD}); write one with "
-                          "dpsynth pretrain --autoencoder --dataset PUBLIC --out DIR")
-    try:
-        record = json.loads((folder / CARD).read_text())
-        model = build_autoencoder(int(record["channels"]), shape_of(record))
-        model.load_state_dict(load_file(str(folder / WEIGHTS)))
-        float(record["latent_scale"]), int(record["side"])
-        if not len(record["latent_mean"]) == len(record["latent_std"]) == shape_of(record).latent_channels:
-            raise ValueError("latent_mean and latent_std need one value per latent channel")
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise ConfigError(f"{setting}: {folder / CARD} or {WEIGHTS} is damaged ({exc})") from None
-    return SavedAutoencoder(model.eval(), folder, record, sha256(folder / WEIGHTS))
+    return SavedAutoencoder(*read_model(SavedAutoencoder, folder, setting, _built))
+
+
+def _built(record: dict[str, Any]) -> AutoencoderKL:
+    """A fresh autoencoder of the card's shape; ValueError when the card's latent map does not fit it."""
+    shape = shape_of(record)
+    float(record["latent_scale"]), int(record["side"])
+    if not len(record["latent_mean"]) == len(record["latent_std"]) == shape.latent_channels:
+        raise ValueError("latent_mean and latent_std need one value per latent channel")
+    return build_autoencoder(int(record["channels"]), shape)

@@ -2,29 +2,20 @@
 small convolutional correction learnt on PUBLIC images only (:mod:`dpsynth.training.upscaler` trains it).
 
 It works on one channel at a time (an RGB image is lifted channel by channel), so one model serves grey and
-colour releases, and at any ratio of sides (the correction runs at the target side). A saved model is a folder:
-``upscaler.safetensors`` (the weights, whose SHA-256 names it in a release), ``upscaler.json`` (how it was built,
-on which public images) and ``fingerprints.npy`` (the fingerprints of those images, so a run checks that none of
-them is a private image).
+colour releases, and at any ratio of sides (the correction runs at the target side). A saved model is a folder
+(:mod:`dpsynth.models.saved`: ``upscaler.safetensors``, ``upscaler.json``, ``fingerprints.npy``).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional
 
-from ..data.fingerprints import FINGERPRINTS, load_fingerprints
-from ..errors import ConfigError, DataError
-from ..utils.io import sha256
-
-WEIGHTS, CARD = "upscaler.safetensors", "upscaler.json"
+from .saved import SavedModel, read_model
 
 
 @dataclass(frozen=True)
@@ -59,34 +50,12 @@ class Upscaler(nn.Module):
         return (base + self.body(base)).clamp(0, 1).reshape(count, channels, side, side)
 
 
-def save_upscaler(model: Upscaler, out: Path, record: dict[str, Any]) -> None:
-    """Write ``model`` and ``record`` (how and on what it was trained) into the folder ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()},
-              str(out / WEIGHTS))
-    (out / CARD).write_text(json.dumps({"shape": asdict(model.shape), **record}, indent=1) + "\n")
-
-
 @dataclass(frozen=True)
-class SavedUpscaler:
-    """A saved upscaler: the model, its folder, its record and the SHA-256 of its weights."""
+class SavedUpscaler(SavedModel):
+    """A saved upscaler (:class:`~dpsynth.models.saved.SavedModel`)."""
 
-    model: Upscaler
-    folder: Path
-    record: dict[str, Any]
-    weights_sha256: str
-
-    @property
-    def name(self) -> str:
-        return str(self.record.get("name") or self.folder.name)
-
-    def fingerprints(self) -> np.ndarray:
-        """The fingerprints of the public images it was trained on (DataError when the folder lacks them)."""
-        prints = load_fingerprints(self.folder, self.record.get("fingerprints"))
-        if prints is None:
-            raise DataError(f"{self.folder}: no {FINGERPRINTS}: nothing shows that the upscaler's training images are "
-                            "not private ones; write it again with dpsynth pretrain --upscaler")
-        return prints
+    kind: ClassVar[str] = "upscaler"
+    command: ClassVar[str] = "dpsynth pretrain --upscaler"
 
     @torch.no_grad()
     def lift(self, images: torch.Tensor, side: int, device: torch.device, chunk: int = 256) -> torch.Tensor:
@@ -98,14 +67,5 @@ class SavedUpscaler:
 
 def load_upscaler(folder: str | Path, setting: str = "release.upscaler") -> SavedUpscaler:
     """The upscaler saved in ``folder``; ConfigError naming ``setting`` when the folder holds none."""
-    folder = Path(folder).expanduser()
-    if not (folder / WEIGHTS).is_file() or not (folder / CARD).is_file():
-        raise ConfigError(f"{setting}: {folder} holds no upscaler (expected {WEIGHTS} and {CARD}); write one with "
-                          "dpsynth pretrain --upscaler --dataset PUBLIC --out DIR")
-    try:
-        record = json.loads((folder / CARD).read_text())
-        model = Upscaler(UpscalerShape(**record["shape"]))
-        model.load_state_dict(load_file(str(folder / WEIGHTS)))
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise ConfigError(f"{setting}: {folder / CARD} or {WEIGHTS} is damaged ({exc})") from None
-    return SavedUpscaler(model.eval(), folder, record, sha256(folder / WEIGHTS))
+    return SavedUpscaler(*read_model(SavedUpscaler, folder, setting,
+                                     lambda record: Upscaler(UpscalerShape(**record["shape"]))))

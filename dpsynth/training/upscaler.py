@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.nn import functional
 from tqdm.auto import tqdm
 
 from ..data import ImageSet, load_dataset
-from ..data.fingerprints import FINGERPRINTS, fingerprints
 from ..errors import ConfigError
-from ..models.upscaler import SavedUpscaler, Upscaler, UpscalerShape, load_upscaler, save_upscaler
+from ..models.saved import fresh_folder, save_model
+from ..models.upscaler import SavedUpscaler, Upscaler, UpscalerShape, load_upscaler
 from ..utils.images import as_floats
 
 DEFAULT_CACHE = "~/.cache/dpsynth/upscalers"
@@ -44,9 +42,7 @@ def train_upscaler(public: list[ImageSet], side: int, out: str | Path, training:
                    device: torch.device, name: str, described: str, seed: int = 0) -> SavedUpscaler:
     """Train an upscaler to ``side`` px on the ``public`` image sets (each at ``side``), save it in ``out`` with
     the fingerprints of every training image, and load it back."""
-    out = Path(out).expanduser()
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out}: the directory exists and is not empty; choose a new one")
+    out = fresh_folder(out)
     low = [low_side for low_side in training.low_sides if low_side < side]
     if not low:
         raise ConfigError(f"an upscaler to {side} px needs a smaller side to lift from; low sides given: "
@@ -66,16 +62,11 @@ def train_upscaler(public: list[ImageSet], side: int, out: str | Path, training:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    prints = np.unique(np.concatenate([fingerprints(images.images) for images in public]))
-    save_upscaler(model.cpu(), partial, {
+    save_model(SavedUpscaler, model.cpu(), model.shape, {
         "name": name, "side": side, "trained_on": described, "images": sum(len(images) for images in public),
-        "fingerprints": len(prints), "training": asdict(training), "final_l1": round(loss.item(), 5),
-        "seconds": round(time.perf_counter() - started, 1), "private_images": 0})
-    np.save(partial / FINGERPRINTS, prints)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
+        "training": asdict(training), "final_l1": round(loss.item(), 5),
+        "seconds": round(time.perf_counter() - started, 1), "private_images": 0},
+        [images.images for images in public], out)
     return load_upscaler(out)
 
 
