@@ -184,8 +184,10 @@ def coding_cost(config: Config, shape: tuple[int, int, int], device: torch.devic
     128 px: a smaller probe underprices the run's chunks)."""
     ae_shape = autoencoder_shape(config, shape[1])
     model = build_autoencoder(shape[0], ae_shape).to(device).eval()
-    inputs = (torch.randn(images, *latent_shape(*shape[:2], ae_shape)) if decode
-              else torch.rand(images, shape[0], *(2 * [working_side(shape[1], ae_shape)]))).to(device)
+    generator = torch.Generator().manual_seed(0)  # public random tensors
+    inputs = (torch.randn(images, *latent_shape(*shape[:2], ae_shape), generator=generator) if decode
+              else torch.rand(images, shape[0], *(2 * [working_side(shape[1], ae_shape)]), generator=generator)
+              ).to(device)
     call = model.decode if decode else model.encode
     with torch.no_grad():
         call(inputs[:1])
