@@ -8,6 +8,7 @@
 #   dpdm-6-epochs-no-noise dpdm-12-epochs-no-noise dpdm-26-epochs-no-noise pdp-diffusion-26-epochs
 # Lever cells (the cpu protocol: 20,000 released images; DPDM's cpu preset at equal CPU time, one lever changed):
 #   lever-LEVER-epsE with E in 1, 10, inf and LEVER one of base k4 k8 b256 b1024 b2048 levels public public-part
+#   ldm-public ldm-public-attention (DP-LDM's cpu preset from the public latent glyph model, all of it or its attention)
 # Every cell but `levels` draws t uniformly, as the cpu preset did when they were measured; `levels` is the preset's
 # log-normal noise levels.
 set -euo pipefail
@@ -16,6 +17,9 @@ python=${PYTHON:-.venv/bin/python}
 root=$1
 shift
 glyphs=benchmarks/results/cpu/public/pdp-diffusion-fashion-mnist  # the record's public glyph model
+# the same, on the default autoencoder's latents: dpsynth pretrain --for dp-ldm --preset cpu --dataset glyphs
+#   --iterations 2000 --set dataset.resolution=28 --set dataset.channels=1 --out $latent_glyphs
+latent_glyphs=benchmarks/results/cpu-dp-ldm/public/glyphs-latents-28
 
 lever() {  # sets method and extra for one lever; the preset's K = 1 at batch 512 for 6 epochs is the base
     case $1 in
@@ -29,6 +33,9 @@ lever() {  # sets method and extra for one lever; the preset's K = 1 at batch 51
         public) method=pdp-diffusion extra=(--set "model.init_from=$glyphs") ;;
         public-part) method=pdp-diffusion
             extra=(--set "model.init_from=$glyphs" --set "model.trainable=[norms, biases, attention, class_embedding]") ;;
+        ldm-public) method=dp-ldm uniform=() extra=(--set "model.init_from=$latent_glyphs") ;;
+        ldm-public-attention) method=dp-ldm uniform=()
+            extra=(--set "model.init_from=$latent_glyphs" --set "model.trainable=[attention]") ;;
         *) return 1 ;;
     esac
 }

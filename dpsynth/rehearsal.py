@@ -160,10 +160,15 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     with warnings.catch_warnings():  # a public set: its size steers nothing private
         warnings.simplefilter("ignore")
         full = dataset_from_config(public)
+    channels, _, size = declared_shape(config)
     held = sum(full.info.split_sizes.values())
-    if held < declared_shape(config)[2]:
-        raise DataError(f"stand-in {stand_in}: {held:,} images, fewer than the {declared_shape(config)[2]:,} the "
-                        "private set is declared to hold; name a larger public set (--stand-in, --stand-in-dir)")
+    if held < size:
+        raise DataError(f"stand-in {stand_in}: {held:,} images, fewer than the {size:,} the private set is declared "
+                        "to hold; name a larger public set (--stand-in, --stand-in-dir)")
+    if full.info.channels != channels:
+        raise DataError(f"stand-in {stand_in}: images of {full.info.channels} channel(s), but the private set is "
+                        f"declared with dataset.channels={channels}; name a public set that reads at "
+                        f"{channels} (--stand-in, --stand-in-dir)")
     public, _ = planned_config(public, priced_as_private(full, config), device)
     dataset = training_dataset(public, with_public_size(public, full))
     real = plan_budget_for(public, dataset.info)

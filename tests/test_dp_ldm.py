@@ -20,7 +20,7 @@ from dpsynth.models.autoencoder import AutoencoderShape, load_autoencoder
 from dpsynth.pipeline import resume, start
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.rehearsal import priced_as_private, rehearsal_release, rehearse, stand_in_config
-from dpsynth.training.autoencoder import AutoencoderTraining, _crops, train_autoencoder
+from dpsynth.training.autoencoder import AutoencoderTraining, _crops, default_autoencoder, train_autoencoder
 from dpsynth.utils.io import sha256
 
 SMOKE = [*METHODS["dp-ldm"].smoke, *COMMON, "run.device=cpu"]
@@ -68,6 +68,16 @@ def test_an_autoencoder_trains_on_random_crops_and_encodes_whole_images(tmp_path
                               TINY_SHAPE, torch.device("cpu"), "cropped", "glyphs")
     assert saved.record["training"]["crop"] == 15 and saved.latent_shape() == (4, 16, 16)
     assert saved.encode(glyphs(32).images[:3], torch.device("cpu")).shape == (3, 4, 16, 16)
+
+
+def test_the_default_colour_autoencoder_trains_on_the_grey_glyphs_beside_the_photographs(tmp_path):
+    training = AutoencoderTraining(iterations=1, batch_size=4)
+    saved = default_autoencoder(16, 3, torch.device("cpu"), cache_dir=str(tmp_path), training=training)
+    assert saved.channels == 3 and saved.record["images"] == 2592  # the training splits (0.8) of both
+    assert saved.decode(saved.encode(torch.rand(2, 3, 16, 16), torch.device("cpu")), torch.device("cpu")).shape == (
+        2, 3, 16, 16)
+    grey = default_autoencoder(16, 1, torch.device("cpu"), cache_dir=str(tmp_path), training=training)
+    assert grey.channels == 1 and grey.folder != saved.folder
 
 
 @pytest.mark.slow
@@ -174,6 +184,11 @@ def test_a_rehearsal_needs_the_shape_and_size_declared_and_a_stand_in_as_large(t
                             overrides=stand_in_overrides(tmp_path, "privacy.dataset_size=5000"))
     with pytest.raises(DataError, match="stand-in digits: 1,797 images, fewer than the 5,000"):
         rehearse(config, "digits")
+    config = resolve_config("dp-ldm", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="cpu",
+                            overrides=[*stand_in_overrides(tmp_path), "dataset.channels=3"])
+    with pytest.raises(DataError, match="stand-in digits: images of 1 channel.*dataset.channels=3"):
+        rehearse(config, "digits")
+    assert dataset_from_config(stand_in_config(config, "glyphs", None, 10)).info.channels == 3  # grey, repeated
     done = dpsynth_main("rehearse", "dp-ldm", "--dataset", "folder", "--data-dir", str(tmp_path), "--epsilon", "6",
                         "--shrink", "0")
     assert done.code == 2 and "--shrink" in done.err

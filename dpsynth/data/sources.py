@@ -178,10 +178,10 @@ def load_photo_patches(options: LoadOptions) -> RawDataset:
 
 
 def load_glyphs(options: LoadOptions) -> RawDataset:
-    """The 62 characters 0-9, A-Z, a-z rendered in every installed font (:mod:`.glyphs`), grey, at
-    ``options.resolution``: ``options.num_images`` of them (default 200 per class), class-balanced, from a fixed
-    seed, so the set is the same wherever the same fonts are installed; of the first ``options.num_classes``
-    characters when given (0-9 for 10)."""
+    """The 62 characters 0-9, A-Z, a-z rendered in every installed font (:mod:`.glyphs`), grey (repeated to three
+    channels when ``options.channels`` is 3), at ``options.resolution``: ``options.num_images`` of them (default 200
+    per class), class-balanced, from a fixed seed, so the set is the same wherever the same fonts are installed; of
+    the first ``options.num_classes`` characters when given (0-9 for 10)."""
     classes = options.num_classes or len(GLYPH_CLASSES)
     if not 2 <= classes <= len(GLYPH_CLASSES):
         raise DataError(f"dataset.num_classes: glyphs has 2 to {len(GLYPH_CLASSES)} classes, got {classes}")
@@ -191,6 +191,8 @@ def load_glyphs(options: LoadOptions) -> RawDataset:
                         f"got {options.num_images!r}")
     fonts = find_fonts(setting="dataset 'glyphs'")
     images, labels = render_glyphs(-(-total // classes), options.side(), fonts, classes=classes)
+    if options.channels == 3:
+        images = np.repeat(images, 3, axis=1)
     return RawDataset(images[:total], labels[:total], list(GLYPH_CLASSES[:classes]),
                       f"rendered from {len(fonts)} fonts under {', '.join(DEFAULT_FONT_DIRS)}")
 

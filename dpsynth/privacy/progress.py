@@ -38,7 +38,8 @@ class PrivacyProgress:
         if self.enabled and time.monotonic() - self._last >= self.refresh_seconds:
             self._refresh_epsilon()
         if self.enabled and time.monotonic() - self._shown >= 1.0:
-            shown = {k: f"{float(v):.4g}" for k, v in (metrics or {}).items()}
+            shown = {k: f"{float(v.detach() if isinstance(v, torch.Tensor) else v):.4g}"
+                     for k, v in (metrics or {}).items()}
             self.bar.set_postfix({"eps": self._shown_epsilon(), **shown, **self._run_ends(n)}, refresh=False)
             self._shown = time.monotonic()
         self.bar.update(n)
