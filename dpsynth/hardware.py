@@ -1,15 +1,17 @@
 """Hardware-dependent choices, made at run time from what the machine does and recorded with the run.
 
-bf16 (DP-SGD autocast, the fast Inception path) pays only where the hardware computes it natively: a CPU with
-bf16 matrix units (AVX-512 BF16 / AMX: 1.6x faster convolutions measured) or a GPU that supports it. On an
-AVX2-only CPU oneDNN emulates it, and the DP-SGD step was 5.9x and Inception 10x slower than in fp32. So every
-such setting takes ``auto`` (the default), ``true`` or ``false``, and ``auto`` asks the hardware.
+bf16 (DP-SGD autocast, the sampler) pays only where the hardware computes it natively: a CPU with bf16 matrix
+units (AVX-512 BF16 / AMX: 1.6x faster convolutions measured) or a GPU that supports it. On an AVX2-only CPU
+oneDNN emulates it, and the DP-SGD step was 5.9x and Inception 10x slower than in fp32. So every such setting
+takes ``auto`` (the default), ``true`` or ``false``, and ``auto`` asks the hardware. The Inception network FID
+uses is the exception: its bf16 features moved FID further than sampling does, so ``auto`` keeps it in fp32.
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,9 +74,22 @@ def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps:
     return Choice(True, "auto: fp32 on a CPU, where the compiled graph takes half the eager time")
 
 
+def resolve_fast_inception(setting: Any) -> Choice:
+    """``evaluation.fast_inception``: ``true`` (bf16) / ``false`` as set; ``auto`` is false on every device. On
+    the fixed pair of sets of ``benchmarks/inception_features.py`` (1,000 synthetic Fashion-MNIST images against
+    1,000 real) bf16 features moved FID by 2.21, more than the 1.60 two draws of one model differ by, where a path
+    is eligible below a tenth of that; fp32 fused moved it by less than 0.0001 (AMD EPYC with AVX-512 BF16)."""
+    if isinstance(setting, bool):
+        return Choice(setting, "set in the config")
+    if setting != AUTO:
+        raise ConfigError(f"evaluation.fast_inception must be auto, true or false, got {setting!r}")
+    return Choice(False, "auto: fp32 (bf16 features moved FID by more than two draws of one model differ)")
+
+
 def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
     """What this machine is and every bf16 and compile setting of ``config`` resolved on it (for the log)."""
     choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
+    choices["evaluation.fast_inception"] = resolve_fast_inception(EvaluationSection.of(config).fast_inception)
     if "sampling.bf16" in choices:
         choices["sampling.compile"] = resolve_compile(SamplingSettings.of(config).compile, device,
                                                       choices["sampling.bf16"].value, _image_steps(config),
@@ -97,10 +112,77 @@ def _side(config: Config) -> int:
 
 
 def _bf16_settings(config: Config) -> list[tuple[str, Any]]:
-    """(dotted key, value) of every ``bf16`` key and of ``evaluation.fast_inception``."""
-    found = [(f"{section}.bf16", values["bf16"]) for section, values in config.items()
-             if isinstance(values, dict) and "bf16" in values]
-    return found + [("evaluation.fast_inception", EvaluationSection.of(config).fast_inception)]
+    """(dotted key, value) of every ``bf16`` key."""
+    return [(f"{section}.bf16", values["bf16"]) for section, values in config.items()
+            if isinstance(values, dict) and "bf16" in values]
+
+
+def cpuinfo(field: str) -> str | None:
+    """The first ``field`` of /proc/cpuinfo, or None where there is none (not Linux)."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith(field))
+    except (OSError, StopIteration):
+        return None
+
+
+@dataclass(frozen=True)
+class FlopPeak:
+    """The CPU's arithmetic peak: cores x clock x FLOP a core issues per cycle in fp32 and in bf16 (0 where bf16
+    is emulated), each FMA counting 2 FLOP. ``units`` names what the per-cycle figures assume."""
+
+    cores: int
+    ghz: float
+    fp32_per_cycle: int
+    bf16_per_cycle: int
+    units: str
+
+    def gflops(self, dtype: torch.dtype) -> float:
+        """Peak GFLOP/s in ``dtype`` (bf16 where emulated: fp32's, the units oneDNN falls back on)."""
+        per_cycle = self.bf16_per_cycle if dtype == torch.bfloat16 and self.bf16_per_cycle else self.fp32_per_cycle
+        return self.cores * self.ghz * per_cycle
+
+    def formula(self, dtype: torch.dtype) -> str:
+        """How :meth:`gflops` came about, in words."""
+        per_cycle = self.bf16_per_cycle if dtype == torch.bfloat16 and self.bf16_per_cycle else self.fp32_per_cycle
+        return (f"{self.cores} cores x {self.ghz:.2f} GHz x {per_cycle} FLOP/cycle ({self.units}) "
+                f"= {self.gflops(dtype):.0f} GFLOP/s")
+
+
+def flop_peak() -> FlopPeak:
+    """The peak of this CPU as torch uses it, from its flags, cores and the clock the OS reports (the maximum where
+    cpufreq gives one, else ``cpu MHz``, the nominal clock under a hypervisor: boost can exceed it). Vector units
+    torch does not use count out (``ATEN_CPU_CAPABILITY=avx2``; bf16 where oneDNN emulates it)."""
+    flags = set((cpuinfo("flags") or "").split())
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        flags = {flag for flag in flags if not flag.startswith(("avx512", "amx"))}
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        flags -= {"avx512_bf16", "amx_bf16"}
+    zen4 = cpuinfo("vendor_id") == "AuthenticAMD" and cpuinfo("cpu family") == "25"
+    fp32, bf16, units = flops_per_cycle(flags, zen4)
+    return FlopPeak(usable_cores(), _clock_ghz(), fp32, bf16, units)
+
+
+def flops_per_cycle(flags: set[str], zen4: bool = False) -> tuple[int, int, str]:
+    """(fp32, bf16, units): FLOP per core and cycle of a CPU with these /proc/cpuinfo ``flags``. Two FMA pipes of the
+    widest vectors (AVX2: 2 x 8 fp32 x 2 = 32; AVX-512: 64, but 32 on AMD Zen 4, which splits 512-bit operations
+    over 256-bit pipes); AVX-512 BF16 doubles that for bf16; AMX tiles do 1,024 bf16 FLOP; bf16 0 where emulated."""
+    if "avx512f" in flags:
+        fp32, units = (32, "AVX-512 on Zen 4's 256-bit pipes") if zen4 else (64, "2 AVX-512 FMA pipes")
+    elif {"avx2", "fma"} <= flags:
+        fp32, units = 32, "2 AVX2 FMA pipes"
+    else:
+        fp32, units = 16, "2 SSE/AVX pipes without FMA"
+    bf16 = 1024 if "amx_bf16" in flags else 2 * fp32 if "avx512_bf16" in flags else 0
+    units += ", AMX tiles for bf16" if "amx_bf16" in flags else ", AVX-512 BF16" if bf16 else ""
+    return fp32, bf16, units
+
+
+def _clock_ghz() -> float:
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+    except (OSError, ValueError):
+        return float(cpuinfo("cpu MHz") or 0) / 1e3
 
 
 def usable_cores() -> int:

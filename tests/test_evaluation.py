@@ -18,13 +18,13 @@ from dpsynth.evaluation.cache import FeatureCache
 from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
 from dpsynth.evaluation.fidelity import feature_fid
-from dpsynth.evaluation.inception import preprocess
-from dpsynth.hardware import resolve_bf16
+from dpsynth.evaluation.inception import chosen_path, preprocess
+from dpsynth.hardware import Choice
 from dpsynth.models.classifiers import build_classifier
 from dpsynth.privacy import PrivacyLedger, ReportNoisyMax
 from dpsynth.privacy.mechanisms import report_noisy_max
 
-FAST = resolve_bf16("auto", torch.device("cpu")).value  # the Inception path a run takes on this CPU
+PATH, _ = chosen_path("auto")  # the Inception path a run takes on this CPU
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def digits() -> np.ndarray:
 @pytest.fixture(scope="module")
 def features(digits: np.ndarray) -> dict[str, np.ndarray]:
     """Inception features of two disjoint clean halves and of the second half with noise added."""
-    extractor = InceptionFeatures("cpu", fast=FAST)
+    extractor = InceptionFeatures("cpu", PATH)
     rng = np.random.default_rng(0)
     clean_a, clean_b = digits[:60], digits[60:]
     out = {"a": extractor(clean_a), "b": extractor(clean_b)}
@@ -45,6 +45,21 @@ def features(digits: np.ndarray) -> dict[str, np.ndarray]:
         noisy = np.clip(clean_b + rng.normal(0, level, clean_b.shape), 0, 255).astype(np.uint8)
         out[f"b+{level}"] = extractor(noisy)
     return out
+
+
+def test_the_fused_fp32_path_gives_the_shipped_networks_features(digits):
+    shipped = InceptionFeatures("cpu", "fp32")(digits[:4])
+    fused = InceptionFeatures("cpu", "fp32-fused")(digits[:4])
+    assert np.abs(fused - shipped).max() < 1e-3 * np.abs(shipped).max()
+    with pytest.raises(DpsynthError, match="Inception path must be one of fp32, fp32-fused, bf16-fused, got 'fp16'"):
+        InceptionFeatures("cpu", "fp16")
+
+
+def test_auto_runs_inception_in_fused_fp32_on_every_cpu_and_true_forces_bf16():
+    assert PATH == "fp32-fused" and chosen_path(False)[0] == "fp32-fused"  # bf16 moved FID too far to be eligible
+    assert chosen_path(True) == ("bf16-fused", Choice(True, "set in the config"))
+    with pytest.raises(ConfigError, match="evaluation.fast_inception must be auto, true or false, got 'bf16'"):
+        chosen_path("bf16")
 
 
 def test_preprocessing_matches_the_network_input_range():
@@ -96,7 +111,7 @@ def test_precision_drops_when_half_the_synthetic_set_is_noise(features):
 
 
 def test_cache_hit_does_not_call_the_network(tmp_path, digits):
-    extractor = InceptionFeatures("cpu", fast=FAST)
+    extractor = InceptionFeatures("cpu", PATH)
     cache = FeatureCache(tmp_path)
     first = cache.get(digits[:4], extractor.preprocessing, extractor)
 

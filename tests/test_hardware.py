@@ -11,7 +11,15 @@ import torch
 
 from dpsynth.api import resolve_config
 from dpsynth.errors import ConfigError
-from dpsynth.hardware import ThreadGovernor, hardware_choices, resolve_bf16, resolve_compile, usable_cores
+from dpsynth.hardware import (
+    ThreadGovernor,
+    flop_peak,
+    flops_per_cycle,
+    hardware_choices,
+    resolve_bf16,
+    resolve_compile,
+    usable_cores,
+)
 from dpsynth.methods import METHODS
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # what an AVX2-only CPU reports
@@ -30,6 +38,17 @@ def test_on_an_avx2_only_cpu_auto_chooses_fp32():
     done = subprocess.run([sys.executable, "-c", RESOLVE], capture_output=True, text=True, check=True,
                           env={**os.environ, **AVX2_ONLY})
     assert "value=False" in done.stdout and "CPU capability AVX2" in done.stdout and "emulated" in done.stdout
+
+
+def test_the_flop_peak_counts_the_vector_units_each_cpu_type_has():
+    assert flops_per_cycle({"avx", "avx2", "fma"})[:2] == (32, 0)  # AVX2 EPYC: bf16 emulated
+    assert flops_per_cycle({"avx2", "fma", "avx512f", "avx512_bf16"}, zen4=True)[:2] == (32, 64)
+    assert flops_per_cycle({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"})[:2] == (64, 1024)
+    peak = flop_peak()
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert peak.cores == usable_cores() and peak.ghz > 0 and bool(peak.bf16_per_cycle) == native
+    assert peak.formula(torch.float32).startswith(f"{usable_cores()} cores x ")
+    assert peak.gflops(torch.bfloat16) >= peak.gflops(torch.float32) > 0
 
 
 def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():

@@ -21,6 +21,7 @@ from ..config import Config, PlanSettings, PrivacySettings, SamplingSettings, me
 from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
+from ..evaluation.inception import chosen_path
 from ..hardware import resolve_bf16, resolve_compile
 from ..methods import get_method
 from ..methods.base import Method
@@ -108,8 +109,8 @@ def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.dev
     names = evaluation.classifiers if evaluation.enabled else ()
     classifiers = {name: classifier_cost(name, inputs.evaluation_shape, inputs.num_classes,
                                          evaluation.classifier_batch_size, device) for name in names}
-    fast = resolve_bf16(evaluation.fast_inception, device, "evaluation.fast_inception").value
-    inception = inception_cost(device, fast, evaluation.inception_batch_size) if evaluation.enabled else 0.0
+    path, _ = chosen_path(evaluation.fast_inception)
+    inception = inception_cost(device, path, evaluation.inception_batch_size) if evaluation.enabled else 0.0
     sampling = probes.sampling() if probes.sampling else 0.0
     public = probes.public() if probes.public else 0.0
     phases = {name: per_unit() for name, per_unit in probes.phases.items()}

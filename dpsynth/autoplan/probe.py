@@ -87,13 +87,13 @@ def probe_step(engine: DPSGD, probe: DpsgdProbe, examples: int, device: torch.de
 
 
 @cache
-def inception_cost(device: torch.device, fast: bool, batch_size: int) -> float:
+def inception_cost(device: torch.device, path: str, batch_size: int) -> float:
     """Seconds per image of the Inception features FID uses (a warm-up, then one batch timed; measured once per
     process). A CPU warms up on two images (half the probe's time; the full batch then ran within 10 %
     of a warm one), a GPU on the full batch (its kernels are chosen per shape)."""
     from ..evaluation.inception import InceptionFeatures
 
-    extractor = InceptionFeatures(device, fast, batch_size)
+    extractor = InceptionFeatures(device, path, batch_size)
     images = np.random.default_rng(0).integers(0, 256, (batch_size, 3, 32, 32), dtype=np.uint8)
     extractor(images if device.type == "cuda" else images[:2])
     return timed(lambda: extractor(images), device) / batch_size

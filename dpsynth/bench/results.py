@@ -15,6 +15,7 @@ import torch
 
 from .. import __version__
 from ..evaluation import METRICS
+from ..hardware import cpuinfo
 from ..provenance import source_commit
 from ..runs import LOG, PRIVACY, SAMPLES
 from ..utils.io import atomic_write, atomic_write_text
@@ -201,23 +202,14 @@ def machine_type() -> str:
     if any (each attempt records it, so cells measured on different machines are not compared unawares). AMX
     matters apart: two CPUs with the same name and capability ran a DP-SGD step 1.3x apart with and without it."""
     bf16 = "native" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "emulated"
-    amx = ", AMX" if "amx_bf16" in (_cpuinfo("flags") or "").split() else ""
+    amx = ", AMX" if "amx_bf16" in (cpuinfo("flags") or "").split() else ""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}{amx}, "
             f"bf16 {bf16}{gpu}")
 
 
 def _cpu_model() -> str:
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
-
-
-def _cpuinfo(field: str) -> str | None:
-    """The first ``field`` of /proc/cpuinfo, or None where there is none (not Linux)."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith(field))
-    except (OSError, StopIteration):
-        return None
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _commit() -> str:

