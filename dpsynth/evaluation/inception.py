@@ -92,7 +92,7 @@ def load_network(device: torch.device, path: str = "fp32") -> torch.jit.ScriptMo
 
 class InceptionFeatures:
     """Batched 2048-d pool features, the network run as ``path`` (:data:`PATHS`; which one a run takes is
-    :func:`dpsynth.hardware.resolve_inception_path`'s choice for the machine)."""
+    :func:`chosen_path`'s choice)."""
 
     def __init__(self, device: torch.device | str = "cpu", path: str = "fp32-fused", batch_size: int = 50) -> None:
         self.device, self.path, self.batch_size = torch.device(device), path, batch_size
