@@ -32,6 +32,15 @@ class Choice:
     reason: str
 
 
+def _explicit(setting: Any, key: str) -> Choice | None:
+    """The choice ``true`` / ``false`` set for ``key``, None for ``auto``; ConfigError naming ``key`` otherwise."""
+    if isinstance(setting, bool):
+        return Choice(setting, "set in the config")
+    if setting != AUTO:
+        raise ConfigError(f"{key} must be auto, true or false, got {setting!r}")
+    return None
+
+
 def native_bf16(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bf16 natively, and what says so."""
     if device.type == "cuda":  # bf16 tensor cores from compute capability 8.0 (Ampere); emulated before
@@ -44,10 +53,8 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
 
 def resolve_bf16(setting: Any, device: torch.device, key: str = "bf16") -> Choice:
     """``true`` / ``false`` as set, or for ``auto`` bf16 exactly where ``device`` computes it natively."""
-    if isinstance(setting, bool):
-        return Choice(setting, "set in the config")
-    if setting != AUTO:
-        raise ConfigError(f"{key} must be auto, true or false, got {setting!r}")
+    if (explicit := _explicit(setting, key)) is not None:
+        return explicit
     supported, why = native_bf16(device)
     return Choice(supported, f"auto: {why}")
 
@@ -61,10 +68,8 @@ def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps:
     Measured on the ``cpu`` UNet (:mod:`dpsynth.diffusion.inference`): compiled fp32 takes 0.51x the eager
     time on AVX2 after 35-40 s of compilation, which 50,000 image-steps (5,000 images, 10 steps) about repay;
     next to native bf16 autocast compiling gains 5 %; on a GPU it was not measured."""
-    if isinstance(setting, bool):
-        return Choice(setting, "set in the config")
-    if setting != AUTO:
-        raise ConfigError(f"{key} must be auto, true or false, got {setting!r}")
+    if (explicit := _explicit(setting, key)) is not None:
+        return explicit
     if device.type != "cpu":
         return Choice(False, f"auto: not compiled on {device.type} (not measured there)")
     if bf16:
@@ -79,10 +84,8 @@ def resolve_fast_inception(setting: Any) -> Choice:
     the fixed pair of sets of ``benchmarks/inception_features.py`` (1,000 synthetic Fashion-MNIST images against
     1,000 real) bf16 features moved FID by 2.21, more than the 1.60 two draws of one model differ by, where a path
     is eligible below a tenth of that; fp32 fused moved it by less than 0.0001 (AMD EPYC with AVX-512 BF16)."""
-    if isinstance(setting, bool):
-        return Choice(setting, "set in the config")
-    if setting != AUTO:
-        raise ConfigError(f"evaluation.fast_inception must be auto, true or false, got {setting!r}")
+    if (explicit := _explicit(setting, "evaluation.fast_inception")) is not None:
+        return explicit
     return Choice(False, "auto: fp32 (bf16 features moved FID by more than two draws of one model differ)")
 
 
