@@ -15,12 +15,12 @@ from dpsynth.data import ImageSet, load_dataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, kid, precision_recall
 from dpsynth.evaluation.cache import FeatureCache
-from dpsynth.evaluation.downstream import TrainingSettings, correct_count, train_epochs
+from dpsynth.evaluation.downstream import TrainingSettings, correct_count, correct_predictions, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
 from dpsynth.evaluation.fidelity import feature_fid
 from dpsynth.evaluation.inception import chosen_path, preprocess
 from dpsynth.hardware import Choice
-from dpsynth.models.classifiers import build_classifier
+from dpsynth.models.classifiers import build_classifier, channels_last
 from dpsynth.privacy import PrivacyLedger, ReportNoisyMax
 from dpsynth.privacy.mechanisms import report_noisy_max
 
@@ -191,6 +191,21 @@ def test_a_classifier_ema_changes_what_is_scored_not_how_the_weights_train(digit
         final.append(model[0].weight.detach().clone())
     assert torch.equal(final[0], final[1])  # the trained weights are restored after each scoring
     assert not torch.allclose(scored[1], scored[3]) and torch.equal(scored[1], final[0])
+
+
+def test_a_channels_last_classifier_trains_and_predicts_as_the_default_layout_does(digits):
+    images, labels = torch.from_numpy(digits[:64]).float() / 255, torch.arange(64) % 10
+    trained = []
+    for layout in (lambda model: model, channels_last):
+        torch.manual_seed(0)
+        model = layout(build_classifier("cnn", 1, 10))
+        train_epochs(model, images, labels, TrainingSettings(2, 16, 1e-2), torch.device("cpu"),
+                     torch.Generator().manual_seed(0), lambda m: None, "cnn")
+        trained.append(model)
+    assert trained[1][0].weight.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(trained[1][0].weight, trained[0][0].weight, rtol=1e-3, atol=1e-4)
+    assert torch.equal(correct_predictions(trained[0], images, labels, torch.device("cpu")),
+                       correct_predictions(trained[1], images, labels, torch.device("cpu")))
 
 
 def test_classifier_augment_trains_on_shifted_images_and_must_be_a_bool(digits):

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data import ImageSet
-from ..models.classifiers import build_classifier
+from ..models import build_classifier, channels_last
 from ..privacy import PrivacyLedger
 from ..privacy.dpsgd import EMA
 from ..privacy.mechanisms import report_noisy_max
@@ -44,7 +44,8 @@ class TrainingSettings:
 
 
 def _normalise(images: torch.Tensor) -> torch.Tensor:
-    return as_floats(images) * 2 - 1
+    """Images in [-1, 1], channels-last: the layout the classifiers are held in (:func:`channels_last`)."""
+    return (as_floats(images) * 2 - 1).contiguous(memory_format=torch.channels_last)
 
 
 @torch.no_grad()
@@ -141,7 +142,7 @@ def downstream_accuracy(
     is a measurement, read twice per classifier instead of once per epoch."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    model = build_classifier(name, synthetic.images.shape[1], num_classes).to(device)
+    model = channels_last(build_classifier(name, synthetic.images.shape[1], num_classes).to(device))
     targets = soft_labels if soft_labels is not None else synthetic.labels
     val_correct: list[float] = []
     weights: list[dict[str, torch.Tensor]] = []

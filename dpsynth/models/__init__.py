@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .classifiers import build_classifier, group_norm_resnet
+from .classifiers import build_classifier, channels_last, group_norm_resnet
 
 if TYPE_CHECKING:
     from .unet import build_unet
 
-__all__ = ["build_classifier", "build_unet", "group_norm_resnet"]
+__all__ = ["build_classifier", "channels_last", "build_unet", "group_norm_resnet"]
 
 
 def __getattr__(name: str) -> Any:

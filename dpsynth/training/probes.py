@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import build_classifier
+from ..models import build_classifier, channels_last
 from ..privacy.dpsgd import ExampleLoss
 from ..privacy.per_example import BatchLoss
 from ..utils.device import bf16_autocast
@@ -72,10 +72,11 @@ def classifier_cost(name: str, shape: tuple[int, int, int], num_classes: int, ba
                     device: torch.device) -> dict[str, float]:
     """Seconds per image of training (Adam, one batch) and of testing downstream classifier ``name`` (measured
     once per process: it does not depend on the method)."""
-    model = build_classifier(name, shape[0], num_classes).to(device)
+    model = channels_last(build_classifier(name, shape[0], num_classes).to(device))  # as the evaluation holds it
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)
     images = (torch.rand(batch_size, *shape, generator=generator) * 2 - 1).to(device)
+    images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
 
     def step() -> None:
