@@ -8,6 +8,7 @@ uses is the exception: its bf16 features moved FID further than sampling does, s
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -20,8 +21,7 @@ from .config import Config, EvaluationSection, PrivacySettings, RunSettings, Sam
 from .errors import ConfigError
 
 AUTO = "auto"
-COMPILE_IMAGE_STEPS = 50_000  # sampling work (images x steps at 32 px) from which compiling the fp32 CPU sampler pays
-COMPILE_SIDE = 32  # the side COMPILE_IMAGE_STEPS was measured at (28-32 px): a larger image counts (side / 32)^2
+COMPILE_SIDE = 32  # the sampler's side where a config declares none and no DP vote chose it
 
 
 @dataclass(frozen=True)
@@ -59,24 +59,56 @@ def resolve_bf16(setting: Any, device: torch.device, key: str = "bf16") -> Choic
     return Choice(supported, f"auto: {why}")
 
 
+@dataclass(frozen=True)
+class CompiledSampling:
+    """The ``cpu`` sampler's UNet at one side, fp32 on an AVX2 CPU: eager seconds per image-step (one image through
+    the UNet once), the compiled graph's time as a share of it, and a cold compilation's seconds."""
+
+    eager_seconds: float
+    share: float
+    compile_seconds: float
+
+    def repays(self, image_steps: int) -> bool:
+        """Whether compiling saves more than it costs on ``image_steps`` image-steps."""
+        return image_steps * self.eager_seconds * (1 - self.share) > self.compile_seconds
+
+
+# benchmarks/sampling_sides.py on an AMD EPYC (Zen 4), 2 cores, restricted to AVX2 (ATEN_CPU_CAPABILITY=avx2
+# ONEDNN_MAX_CPU_ISA=AVX2), 2026-12-06: 500 images a call (sampling.batch_size), the `cpu` UNet one level deeper per
+# doubling past 32 px; the records (rows 500) in benchmarks/results/sampling-sides/records.jsonl.
+COMPILED_SAMPLING: dict[int, CompiledSampling] = {
+    28: CompiledSampling(2.23e-3, 0.52, 40.0),
+    32: CompiledSampling(2.85e-3, 0.62, 67.0),
+    64: CompiledSampling(15.43e-3, 0.51, 98.0),
+    128: CompiledSampling(70.31e-3, 0.51, 119.0),
+}
+
+
+def compiled_sampling(side: int) -> CompiledSampling:
+    """What compiling the sampler gives, as measured at the side of :data:`COMPILED_SAMPLING` nearest ``side`` (on a
+    log scale)."""
+    return COMPILED_SAMPLING[min(COMPILED_SAMPLING, key=lambda measured: abs(math.log(side / measured)))]
+
+
 def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps: int, side: int = COMPILE_SIDE,
                     key: str = "sampling.compile") -> Choice:
-    """``true`` / ``false`` as set; ``auto`` compiles the sampling model on a CPU that samples in fp32, for a
-    release of at least :data:`COMPILE_IMAGE_STEPS` images x steps, a larger ``side`` than :data:`COMPILE_SIDE`
-    counting as (side / 32)^2 images.
-
-    Measured on the ``cpu`` UNet (:mod:`dpsynth.diffusion.inference`): compiled fp32 takes 0.51x the eager
-    time on AVX2 after 35-40 s of compilation, which 50,000 image-steps (5,000 images, 10 steps) about repay;
-    next to native bf16 autocast compiling gains 5 %; on a GPU it was not measured."""
+    """``true`` / ``false`` as set; ``auto`` compiles the sampling model on a CPU that samples in fp32 where the
+    release's ``image_steps`` at ``side`` px repay the compilation (:func:`compiled_sampling`: the compiled graph
+    took 0.51-0.62x the eager time, after 40-119 s of compilation, depending on the side). Next to native bf16
+    autocast compiling gained 5 %; on a GPU it was not measured."""
     if (explicit := _explicit(setting, key)) is not None:
         return explicit
     if device.type != "cpu":
         return Choice(False, f"auto: not compiled on {device.type} (not measured there)")
     if bf16:
         return Choice(False, "auto: bf16 is native here, compiling would add 5 % for 35 s")
-    if image_steps * (max(side, COMPILE_SIDE) / COMPILE_SIDE) ** 2 < COMPILE_IMAGE_STEPS:
-        return Choice(False, f"auto: {image_steps} image-steps would not repay the compilation")
-    return Choice(True, "auto: fp32 on a CPU, where the compiled graph takes half the eager time")
+    measured = compiled_sampling(side)
+    if not measured.repays(image_steps):
+        return Choice(False, f"auto: {image_steps} image-steps at {side} px would not repay the "
+                             f"{measured.compile_seconds:.0f} s compilation (the compiled graph takes "
+                             f"{measured.share:.2f}x the eager time there)")
+    return Choice(True, f"auto: fp32 on a CPU, where the compiled graph takes {measured.share:.2f}x the eager time "
+                        f"at {side} px")
 
 
 def resolve_fast_inception(setting: Any) -> Choice:

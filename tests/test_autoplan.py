@@ -41,6 +41,7 @@ from dpsynth.autoplan.rules import (
 from dpsynth.cli import main
 from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
+from dpsynth.hardware import COMPILED_SAMPLING, compiled_sampling
 from dpsynth.methods import METHODS, get_method
 from dpsynth.pipeline import start
 
@@ -123,6 +124,19 @@ def test_the_derived_plan_fits_the_budget(throughput):
     assert expected["total"] <= 1800 * 1.05 and (capped or expected["total"] == pytest.approx(1800, rel=0.05))
     assert expected["sampling"] + expected["evaluation"] <= 0.4 * 1800 or planned["sampling"]["num_samples"] == 5000
     assert any(decision.startswith("dpsgd: ") for decision in decisions)
+
+
+def test_a_compiled_release_is_priced_at_the_share_measured_at_its_side():
+    config = resolve_config("dpdm", preset="auto")
+    shape = method_shape(get_method("dpdm"))
+    for side in (28, 64, 128):
+        inputs = PlanInputs(5000, (1, side, side), 10, 500, 1000, "cpu")
+        eager = estimate_seconds(config, shape, inputs, XEON, compiled=False)["sampling"]
+        compiled = estimate_seconds(config, shape, inputs, XEON, compiled=True)["sampling"]
+        measured = COMPILED_SAMPLING[side]
+        assert compiled_sampling(side) == measured
+        assert compiled == pytest.approx(measured.share * eager + measured.compile_seconds)
+    assert compiled_sampling(31) == COMPILED_SAMPLING[32] and compiled_sampling(100) == COMPILED_SAMPLING[128]
 
 
 # DP-MERF's phases as the AVX2 EPYC measured them at 64 px (seconds per private image, per generator iteration).

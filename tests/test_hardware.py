@@ -53,13 +53,14 @@ def test_the_flop_peak_counts_the_vector_units_each_cpu_type_has():
 
 def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=50_000).value
-    assert not resolve_compile("auto", cpu, bf16=False, image_steps=300).value  # would not repay the compilation
+    assert resolve_compile("auto", cpu, bf16=False, image_steps=500_000).value
+    assert not resolve_compile("auto", cpu, bf16=False, image_steps=30_000).value  # would not repay the compilation
     assert not resolve_compile("auto", cpu, bf16=True, image_steps=600_000).value  # bf16 autocast is faster
     assert not resolve_compile("auto", cuda, bf16=False, image_steps=600_000).value  # not measured on a GPU
     assert resolve_compile(True, cpu, bf16=True, image_steps=1).value
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=5_000, side=128).value  # 16x the work of 32 px
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=50_000, side=28).value  # as measured, at 28 px
+    assert resolve_compile("auto", cpu, bf16=False, image_steps=5_000, side=128).value  # 25x the work of 32 px
+    assert not resolve_compile("auto", cpu, bf16=False, image_steps=10_000, side=64).value
+    assert resolve_compile("auto", cpu, bf16=False, image_steps=400_000, side=28).value
     with pytest.raises(ConfigError, match="sampling.compile must be auto, true or false, got 'fast'"):
         resolve_compile("fast", cpu, bf16=False, image_steps=1)
 

@@ -33,6 +33,7 @@ from ..config import Config, SamplingSettings, merge
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
+from ..hardware import compiled_sampling
 from ..training.private import dpsgd_schedule
 from .probe import StepCost, Throughput
 
@@ -55,8 +56,6 @@ EVALUATION_CUTS: tuple[dict[str, Any], ...] = (
 MIN_SIZED_SHARE = 0.1  # of the base preset's iterations of a sized phase (DP-MERF's generator): its floor
 STARTUP_SECONDS = 20.0  # imports, loading the data, checkpoints and the release's files
 EVALUATION_FIXED_SECONDS = 20.0  # FID, FID-infinity, KID, precision / recall and the pictures, past the features
-# Compiling the fp32 CPU sampler (dpsynth.hardware.resolve_compile): 0.51x the eager time after ~40 s.
-COMPILED_SHARE, COMPILE_SECONDS = 0.51, 40.0
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
 
@@ -169,10 +168,16 @@ def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: 
     return dpsgd_steps(config, section, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
 
 
-def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool) -> float:
-    """Seconds to make the release: its units of work (``method.release_units``) at the probed rate."""
+def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool, side: int
+                     ) -> float:
+    """Seconds to make the release: its units of work (``method.release_units``) at the probed (eager) rate, or
+    where ``compiled``, at the share of it measured at ``side`` px after the compilation
+    (:func:`~dpsynth.hardware.compiled_sampling`)."""
     seconds = method.release_units(config) * throughput.sample_per_image_step
-    return COMPILED_SHARE * seconds + COMPILE_SECONDS if compiled and seconds else seconds
+    if not (compiled and seconds):
+        return seconds
+    measured = compiled_sampling(side)
+    return measured.share * seconds + measured.compile_seconds
 
 
 def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool) -> float:
@@ -263,7 +268,7 @@ def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, th
     phases.update(phase_seconds(config, method, inputs, throughput))
     for section in method.dpsgd_sections:
         phases[f"dp-sgd ({section})"] = dpsgd_seconds(config, section, inputs, throughput)
-    phases["sampling"] = sampling_seconds(config, method, throughput, compiled)
+    phases["sampling"] = sampling_seconds(config, method, throughput, compiled, inputs.shape[1])
     phases["evaluation"] = evaluation_seconds(config, inputs, throughput, method.soft_labels)
     phases["total"] = sum(phases.values())
     return phases
@@ -358,7 +363,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
         overrides, cut = option
         trial = copy.deepcopy(config)
         merge(trial, overrides, "the derived plan")
-        after = (sampling_seconds(trial, method, throughput, compiles(trial))
+        after = (sampling_seconds(trial, method, throughput, compiles(trial), inputs.shape[1])
                  + evaluation_seconds(trial, inputs, throughput, method.soft_labels))
         if after <= room:
             break
@@ -366,7 +371,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
     if after > budget - floor and "evaluation.enabled" not in kept:  # the last resort: no evaluation, said loudly
         overrides = {"sampling": overrides["sampling"], "evaluation": {"enabled": False}}
         merge(trial, overrides, "the derived plan")
-        minimum, after = after, sampling_seconds(trial, method, throughput, compiles(trial))
+        minimum, after = after, sampling_seconds(trial, method, throughput, compiles(trial), inputs.shape[1])
         cut = (f"NO evaluation (evaluation.enabled=false): the minimum evaluation would take "
                f"{(minimum - after) / 60:.1f} min more than the budget leaves beside the training floor; "
                f"--time-budget {keeping}m keeps it, `dpsynth evaluate RUN_DIR` evaluates the release later")

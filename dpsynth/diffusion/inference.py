@@ -3,10 +3,11 @@
 Both are decided at run time (:mod:`dpsynth.hardware`) and recorded in the run's log. Measured on the ``cpu``
 UNet, one denoising step of 500 images (``benchmarks/sampling_speed.py``): on a CPU with native bf16 (AVX-512
 BF16) bf16 autocast takes 0.37x the fp32 time and compiling it gains 5 % more; on an AVX2 CPU bf16 is 7.7x
-slower and a compiled fp32 graph (inductor with weight freezing) takes 0.51x the eager time, for 35-40 s of
-compilation the first time (inductor's on-disk cache serves a repeat, as after a resume). So
-``sampling.bf16: auto`` takes bf16 where it is native and ``sampling.compile: auto`` compiles on a CPU that
-samples in fp32; on a GPU auto compiles nothing (not measured there).
+slower and a compiled fp32 graph (inductor with weight freezing) takes 0.51-0.62x the eager time, depending on
+the side, for 40-119 s of compilation the first time (inductor's on-disk cache serves a repeat, as
+after a resume; :data:`~dpsynth.hardware.COMPILED_SAMPLING`). So ``sampling.bf16: auto`` takes bf16 where it is
+native and ``sampling.compile: auto`` compiles on a CPU that samples in fp32 where the release repays it; on a GPU
+auto compiles nothing (not measured there).
 """
 from __future__ import annotations
 
