@@ -402,8 +402,8 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
     for name, value in metrics.get("method", {}).items():
         lines.append(f"method    {name} = {value:.4f}" if isinstance(value, float) else f"method    {name} = {value}")
     if metrics.get("evaluation_privacy"):
-        lines.append(f"model selection spent epsilon = {metrics['evaluation_privacy']['epsilon']:.4f} "
-                     "(evaluation budget, reported apart from synthesis)")
+        lines.append(f"model selection spent epsilon = {metrics['evaluation_privacy']['epsilon']:.4f} over every "
+                     "evaluation on this validation split so far (evaluation budget, reported apart from synthesis)")
     return "\n".join(lines)
 
 
