@@ -12,7 +12,7 @@ repo=$(pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 commit=${RECORD_COMMIT:-a94650e}
 tree=${RECORD_TREE:-/tmp/dpsynth-record-$commit}
-[ -d "$tree" ] || git worktree add --detach "$tree" "$commit"
+[ -d "$tree" ] || { git worktree prune; git worktree add --detach "$tree" "$commit"; }
 machine=$("$python" -c "from dpsynth.bench.results import machine_type; print(machine_type())")
 case "$machine" in
     *AMX*) out=benchmarks/results/cpu-amx ;;
