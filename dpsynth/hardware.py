@@ -61,8 +61,9 @@ def resolve_bf16(setting: Any, device: torch.device, key: str = "bf16") -> Choic
 
 @dataclass(frozen=True)
 class CompiledSampling:
-    """The ``cpu`` sampler's UNet at one side, fp32 on an AVX2 CPU: eager seconds per image-step (one image through
-    the UNet once), the compiled graph's time as a share of it, and a cold compilation's seconds."""
+    """The ``cpu`` sampler's UNet at one side and chunk (images a call), fp32 on an AVX2 CPU: eager seconds per
+    image-step (one image through the UNet once), the compiled graph's time as a share of it, and a cold
+    compilation's seconds."""
 
     eager_seconds: float
     share: float
@@ -74,27 +75,35 @@ class CompiledSampling:
 
 
 # benchmarks/sampling_sides.py on an AMD EPYC (Zen 4), 2 cores, restricted to AVX2 (ATEN_CPU_CAPABILITY=avx2
-# ONEDNN_MAX_CPU_ISA=AVX2), 2026-12-06: 500 images a call (sampling.batch_size), the `cpu` UNet one level deeper per
-# doubling past 32 px; the records (rows 500) in benchmarks/results/sampling-sides/records.jsonl.
-COMPILED_SAMPLING: dict[int, CompiledSampling] = {
-    28: CompiledSampling(2.23e-3, 0.52, 40.0),
-    32: CompiledSampling(2.85e-3, 0.62, 67.0),
-    64: CompiledSampling(15.43e-3, 0.51, 98.0),
-    128: CompiledSampling(70.31e-3, 0.51, 119.0),
+# ONEDNN_MAX_CPU_ISA=AVX2), 2026-12-06, by (side, images a call): the `cpu` UNet one level deeper per doubling past
+# 32 px, at the default chunk (500) and at the chunk a plan samples in on a CPU (about the base preset's pixels:
+# 125 at 64 px, 25 at 128); the records in benchmarks/results/sampling-sides/records.jsonl. Eager calls of many
+# large images outgrow the caches, which compiling recovers; small chunks leave it little to gain.
+COMPILED_SAMPLING: dict[tuple[int, int], CompiledSampling] = {
+    (28, 500): CompiledSampling(2.23e-3, 0.52, 40.0),
+    (32, 500): CompiledSampling(2.85e-3, 0.62, 67.0),
+    (64, 500): CompiledSampling(15.43e-3, 0.51, 98.0),
+    (128, 500): CompiledSampling(70.31e-3, 0.51, 119.0),
+    (64, 125): CompiledSampling(11.06e-3, 0.65, 54.0),  # the mean of two runs (0.66, 0.64)
+    (128, 25): CompiledSampling(37.16e-3, 1.02, 142.0),
 }
 
 
-def compiled_sampling(side: int) -> CompiledSampling:
-    """What compiling the sampler gives, as measured at the side of :data:`COMPILED_SAMPLING` nearest ``side`` (on a
-    log scale)."""
-    return COMPILED_SAMPLING[min(COMPILED_SAMPLING, key=lambda measured: abs(math.log(side / measured)))]
+def compiled_sampling(side: int, rows: int) -> CompiledSampling:
+    """What compiling the sampler gives, as measured at the side of :data:`COMPILED_SAMPLING` nearest ``side``, then
+    the chunk nearest ``rows`` images a call (both on a log scale)."""
+    def distance(measured: tuple[int, int]) -> tuple[float, float]:
+        return abs(math.log(side / measured[0])), abs(math.log(rows / measured[1]))
+    return COMPILED_SAMPLING[min(COMPILED_SAMPLING, key=distance)]
 
 
-def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps: int, side: int = COMPILE_SIDE,
+def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps: int, side: int, rows: int,
                     key: str = "sampling.compile") -> Choice:
     """``true`` / ``false`` as set; ``auto`` compiles the sampling model on a CPU that samples in fp32 where the
-    release's ``image_steps`` at ``side`` px repay the compilation (:func:`compiled_sampling`: the compiled graph
-    took 0.51-0.62x the eager time, after 40-119 s of compilation, depending on the side). Next to native bf16
+    release's ``image_steps`` at ``side`` px in chunks of ``rows`` images repay the compilation
+    (:func:`compiled_sampling`: after 40-142 s of compilation, depending on the side and chunk, the compiled graph
+    took 0.51-0.62x the eager time in chunks of 500, 0.65x at 64 px in a plan's chunks of 125 and gained nothing at
+    128 px in its chunks of 25). Next to native bf16
     autocast compiling gained 5 %; on a GPU it was not measured."""
     if (explicit := _explicit(setting, key)) is not None:
         return explicit
@@ -102,13 +111,13 @@ def resolve_compile(setting: Any, device: torch.device, bf16: bool, image_steps:
         return Choice(False, f"auto: not compiled on {device.type} (not measured there)")
     if bf16:
         return Choice(False, "auto: bf16 is native here, compiling would add 5 % for 35 s")
-    measured = compiled_sampling(side)
+    measured = compiled_sampling(side, rows)
     if not measured.repays(image_steps):
-        return Choice(False, f"auto: {image_steps} image-steps at {side} px would not repay the "
+        return Choice(False, f"auto: {image_steps} image-steps at {side} px, {rows} a call, would not repay the "
                              f"{measured.compile_seconds:.0f} s compilation (the compiled graph takes "
                              f"{measured.share:.2f}x the eager time there)")
     return Choice(True, f"auto: fp32 on a CPU, where the compiled graph takes {measured.share:.2f}x the eager time "
-                        f"at {side} px")
+                        f"at {side} px, {rows} a call")
 
 
 def resolve_fast_inception(setting: Any) -> Choice:
@@ -128,10 +137,16 @@ def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
     if "sampling.bf16" in choices:
         choices["sampling.compile"] = resolve_compile(SamplingSettings.of(config).compile, device,
                                                       choices["sampling.bf16"].value, _image_steps(config),
-                                                      _side(config))
+                                                      _side(config), sampling_rows(config))
     return {"device": str(device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": RunSettings.of(config).threads, "threads_at_start": torch.get_num_threads(),
             "choices": {key: {"value": choice.value, "why": choice.reason} for key, choice in choices.items()}}
+
+
+def sampling_rows(config: Config) -> int:
+    """Images a sampling call holds: ``sampling.batch_size``, or the whole release where it is smaller."""
+    sampling = SamplingSettings.of(config)
+    return min(sampling.batch_size, sampling.num_samples)
 
 
 def _image_steps(config: Config) -> int:

@@ -129,14 +129,16 @@ def test_the_derived_plan_fits_the_budget(throughput):
 def test_a_compiled_release_is_priced_at_the_share_measured_at_its_side():
     config = resolve_config("dpdm", preset="auto")
     shape = method_shape(get_method("dpdm"))
-    for side in (28, 64, 128):
+    for side, rows in ((28, 500), (64, 500), (64, 125), (128, 25)):
         inputs = PlanInputs(5000, (1, side, side), 10, 500, 1000, "cpu")
-        eager = estimate_seconds(config, shape, inputs, XEON, compiled=False)["sampling"]
-        compiled = estimate_seconds(config, shape, inputs, XEON, compiled=True)["sampling"]
-        measured = COMPILED_SAMPLING[side]
-        assert compiled_sampling(side) == measured
+        chunked_config = {**config, "sampling": {**config["sampling"], "batch_size": rows}}
+        eager = estimate_seconds(chunked_config, shape, inputs, XEON, compiled=False)["sampling"]
+        compiled = estimate_seconds(chunked_config, shape, inputs, XEON, compiled=True)["sampling"]
+        measured = COMPILED_SAMPLING[side, rows]
+        assert compiled_sampling(side, rows) == measured
         assert compiled == pytest.approx(measured.share * eager + measured.compile_seconds)
-    assert compiled_sampling(31) == COMPILED_SAMPLING[32] and compiled_sampling(100) == COMPILED_SAMPLING[128]
+    assert compiled_sampling(31, 400) == COMPILED_SAMPLING[32, 500]
+    assert compiled_sampling(100, 20) == COMPILED_SAMPLING[128, 25]
 
 
 # DP-MERF's phases as the AVX2 EPYC measured them at 64 px (seconds per private image, per generator iteration).

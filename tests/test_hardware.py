@@ -53,16 +53,20 @@ def test_the_flop_peak_counts_the_vector_units_each_cpu_type_has():
 
 def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=500_000).value
-    assert not resolve_compile("auto", cpu, bf16=False, image_steps=30_000).value  # would not repay the compilation
-    assert not resolve_compile("auto", cpu, bf16=True, image_steps=600_000).value  # bf16 autocast is faster
-    assert not resolve_compile("auto", cuda, bf16=False, image_steps=600_000).value  # not measured on a GPU
-    assert resolve_compile(True, cpu, bf16=True, image_steps=1).value
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=5_000, side=128).value  # 25x the work of 32 px
-    assert not resolve_compile("auto", cpu, bf16=False, image_steps=10_000, side=64).value
-    assert resolve_compile("auto", cpu, bf16=False, image_steps=400_000, side=28).value
+
+    def compiles(image_steps: int, bf16: bool = False, device: torch.device = cpu, side: int = 32, rows: int = 500,
+                 setting: bool | str = "auto") -> bool:
+        return resolve_compile(setting, device, bf16, image_steps, side, rows).value
+
+    assert compiles(500_000) and not compiles(30_000)  # a small release would not repay the compilation
+    assert not compiles(600_000, bf16=True)  # bf16 autocast is faster
+    assert not compiles(600_000, device=cuda)  # not measured on a GPU
+    assert compiles(1, bf16=True, setting=True)
+    assert compiles(5_000, side=128) and not compiles(10_000, side=64)  # 25x the work of 32 px; 4x
+    assert compiles(400_000, side=28)
+    assert compiles(50_000, side=64, rows=125) and not compiles(10**7, side=128, rows=25)  # a plan's chunks
     with pytest.raises(ConfigError, match="sampling.compile must be auto, true or false, got 'fast'"):
-        resolve_compile("fast", cpu, bf16=False, image_steps=1)
+        compiles(1, setting="fast")
 
 
 def test_no_preset_fixes_a_hardware_dependent_setting():

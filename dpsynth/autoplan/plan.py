@@ -22,7 +22,7 @@ from ..data import DatasetInfo
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
 from ..evaluation.inception import chosen_path
-from ..hardware import resolve_bf16, resolve_compile
+from ..hardware import resolve_bf16, resolve_compile, sampling_rows
 from ..methods import get_method
 from ..methods.base import Method
 from ..training.probes import classifier_cost
@@ -178,7 +178,7 @@ def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
     sampling = SamplingSettings.of(config)
     bf16 = resolve_bf16(sampling.bf16, device, "sampling.bf16").value
     work = sampling.num_samples * config.get("diffusion", {}).get("sample_steps", 0)
-    return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side).value
+    return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side, sampling_rows(config)).value
 
 
 def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent: float = 0.0) -> Config:

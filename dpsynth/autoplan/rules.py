@@ -33,7 +33,7 @@ from ..config import Config, SamplingSettings, merge
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
-from ..hardware import compiled_sampling
+from ..hardware import compiled_sampling, sampling_rows
 from ..training.private import dpsgd_schedule
 from .probe import StepCost, Throughput
 
@@ -171,12 +171,12 @@ def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: 
 def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool, side: int
                      ) -> float:
     """Seconds to make the release: its units of work (``method.release_units``) at the probed (eager) rate, or
-    where ``compiled``, at the share of it measured at ``side`` px after the compilation
+    where ``compiled``, at the share of it measured at ``side`` px in the release's chunks after the compilation
     (:func:`~dpsynth.hardware.compiled_sampling`)."""
     seconds = method.release_units(config) * throughput.sample_per_image_step
     if not (compiled and seconds):
         return seconds
-    measured = compiled_sampling(side)
+    measured = compiled_sampling(side, sampling_rows(config))
     return measured.share * seconds + measured.compile_seconds
 
 

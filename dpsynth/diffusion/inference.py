@@ -3,8 +3,9 @@
 Both are decided at run time (:mod:`dpsynth.hardware`) and recorded in the run's log. Measured on the ``cpu``
 UNet, one denoising step of 500 images (``benchmarks/sampling_speed.py``): on a CPU with native bf16 (AVX-512
 BF16) bf16 autocast takes 0.37x the fp32 time and compiling it gains 5 % more; on an AVX2 CPU bf16 is 7.7x
-slower and a compiled fp32 graph (inductor with weight freezing) takes 0.51-0.62x the eager time, depending on
-the side, for 40-119 s of compilation the first time (inductor's on-disk cache serves a repeat, as
+slower and a compiled fp32 graph (inductor with weight freezing) takes 0.51-0.62x the eager time in chunks of 500,
+depending on the side, and less gain in the smaller chunks a plan samples large images in, for 40-142 s of
+compilation the first time (inductor's on-disk cache serves a repeat, as
 after a resume; :data:`~dpsynth.hardware.COMPILED_SAMPLING`). So ``sampling.bf16: auto`` takes bf16 where it is
 native and ``sampling.compile: auto`` compiles on a CPU that samples in fp32 where the release repays it; on a GPU
 auto compiles nothing (not measured there).
@@ -58,7 +59,8 @@ def sampling_model(model: nn.Module, settings: SamplingSettings, image_steps: in
     multiple of ``sampling.batch_size`` where compiling)."""
     device = next(model.parameters()).device
     bf16 = resolve_bf16(settings.bf16, device, "sampling.bf16")
-    compiled = resolve_compile(settings.compile, device, bf16.value, image_steps, example[0].shape[-1])
+    compiled = resolve_compile(settings.compile, device, bf16.value, image_steps, example[0].shape[-1],
+                               len(example[0]))
     chosen = SamplingModel(model, device, bf16, compiled)
     with torch.no_grad(), bf16_autocast(device, bf16.value):
         if compiled.value:
