@@ -16,7 +16,7 @@ python=${PYTHON:-.venv/bin/python}
 [ $# -ge 2 ] || { sed -n 6,12p "$0" >&2; exit 2; }
 root=$1
 shift
-glyphs=benchmarks/results/cpu/public/pdp-diffusion-fashion-mnist  # the record's public glyph model
+glyphs=benchmarks/results/cpu-zen4/public/pdp-diffusion-fashion-mnist  # the bench record's public glyph model
 # the same, on the default autoencoder's latents: dpsynth pretrain --for dp-ldm --preset cpu --dataset glyphs
 #   --iterations 2000 --set dataset.resolution=28 --set dataset.channels=1 --out $latent_glyphs
 latent_glyphs=benchmarks/results/cpu-dp-ldm/public/glyphs-latents-28

@@ -5,7 +5,7 @@ A diagnostic for the data holder (it reads the private training split; print it,
 apart a release whose images look real but carry the wrong class (good FID, poor downstream accuracy) from one
 whose images are poor.
 
-    cd benchmarks/results/cpu/runs && python ../../../label_agreement.py *-eps10 *-eps1
+    cd benchmarks/results/cpu-zen4/runs && python ../../../label_agreement.py *-eps10 *-eps1
 """
 from __future__ import annotations
 

@@ -117,11 +117,11 @@ def test_generated_text_is_in_sync_with_the_code_and_the_records():
 
 
 def test_a_stale_number_and_a_marker_without_its_end_are_caught():
-    page = "DPDM reached <!-- bench: cpu dpdm 10 accuracy_cnn -->99.9 %<!-- /bench --> on the bench.\n"
+    page = "DPDM reached <!-- bench: cpu-zen4 dpdm 10 accuracy_cnn -->99.9 %<!-- /bench --> on the bench.\n"
     synced = HOOKS.synced(page, "page.md")
     assert synced != page and "99.9 %" not in synced and HOOKS.synced(synced, "page.md") == synced
     with pytest.raises(HOOKS.OutOfSync, match="page.md: 1 generated-text marker"):
-        HOOKS.synced("DPDM reached <!-- bench: cpu dpdm 10 accuracy_cnn --> on the bench.\n", "page.md")
+        HOOKS.synced("DPDM reached <!-- bench: cpu-zen4 dpdm 10 accuracy_cnn --> on the bench.\n", "page.md")
 
 
 @pytest.mark.parametrize("history", ["fixed in issue 52", "as issue #30 found", "measured in one session",
@@ -166,7 +166,7 @@ def test_a_measured_number_without_its_record_or_its_cpu_and_date_is_refused(pag
     "A step took 2.5 s on an AMD EPYC, 2026-11-24.\n",
     "On an Intel Xeon, 2026-11-27:\n\n| run | time |\n| --- | --- |\n| a | 3 min |\n",
     "## A section\n\nOn an AMD EPYC, 2026-11-24.\n\nA step took 2.5 s.\n",
-    "DPDM gave <!-- bench: cpu dpdm 10 accuracy_cnn -->76.6 ± 0.2 %<!-- /bench --> on the bench.\n",
+    "DPDM gave <!-- bench: cpu-zen4 dpdm 10 accuracy_cnn -->75.8 ± 0.5 %<!-- /bench --> on the bench.\n",
     "The paper reports 85.6 % at ε = 10.\n",
     "A budget of `--time-budget 30m`, a 24-GB card, ε = 10, 20,000 images, 28 x 28 pixels.\n",
 ])
