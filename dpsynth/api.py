@@ -28,22 +28,20 @@ from .config import (
     RunSettings,
     build_config,
     choice_setting,
-    flat_keys,
-    has_key,
     parse_overrides,
+    with_defaults,
 )
 from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .data.registry import SplitSize, dataset_shape_votes, held_out, train_size
-from .errors import ConfigError, DataError, DpsynthError, PrivacyWarning
+from .data.registry import train_size
+from .errors import ConfigError, DpsynthError, PrivacyWarning
 from .generators import Generator, read_generator
-from .hardware import AUTO, check_threads, hardware_choices
+from .hardware import check_threads, hardware_choices
 from .methods import get_method
 from .models.upscaler import SavedUpscaler, load_upscaler
 from .privacy import (
     ACCOUNTANTS,
     Accountant,
     Event,
-    GaussianMechanism,
     PlannedStage,
     SubsampledGaussianMechanism,
     budget_report,
@@ -52,22 +50,20 @@ from .privacy import (
     plan_budget,
 )
 from .privacy.accountant import check_delta, check_epsilon
-from .privacy.mechanisms import noisy_count
-from .privacy.randomness import SecretStream, stream_key
+from .privacy.dataset_facts import (
+    IMAGES_PER_GROUP,
+    SHAPE,
+    SIZE,
+    draws_noisy_shape,
+    draws_noisy_size,
+    held_out_of,
+    noisy_images_per_group,
+    noisy_total,
+)
 from .privacy.releases import HeldRelease, HolderLedger, Total, total
 from .runs import MODEL_CARD, RELEASE
 from .training.upscaler import default_upscaler
 from .utils.device import pick_device
-
-# The training set's size when it is not public: its count plus N(0, SIZE_NOISE^2), rounded (stage SIZE_STAGE).
-SIZE_NOISE, SIZE_STAGE = 50.0, "dataset-size"
-# A folder's shape where a setting is auto: its images' votes plus Gaussian noise, SHAPE_NOISE times their
-# sensitivity (stage SHAPE_STAGE).
-SHAPE_NOISE, SHAPE_STAGE = 25.0, "dataset-shape"
-SHAPE_TRUSTED = 8  # below this many SHAPE_NOISEs of noisy votes in all, a run warns that noise decided the shape
-# With groups and a derived plan that prices a step: the training split's images, each person's capped at
-# privacy.max_images_per_group, plus N(0, (IMAGES_NOISE x the cap)^2) (stage IMAGES_STAGE), over the public N.
-IMAGES_NOISE, IMAGES_STAGE = 50.0, "images-per-group"
 
 
 def resolve_config(
@@ -78,11 +74,13 @@ def resolve_config(
     preset: str | None = None,
     data_dir: str | None = None,
     overrides: Iterable[str] = (),
+    values: Iterable[tuple[str, Any]] = (),
 ) -> Config:
-    """The fully resolved config of ``method``: defaults, preset, then the given values and ``key=value``s."""
+    """The fully resolved config of ``method``: defaults, preset, then the given values, the ``key=value`` strings
+    of ``overrides`` and the (key, value) pairs of ``values``."""
     method_cls = get_method(method)
     direct = [("dataset.name", dataset), ("dataset.data_dir", data_dir), ("privacy.epsilon", epsilon)]
-    pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides)
+    pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides) + list(values)
     device = dict(pairs).get("run.device", "auto")
     preset_name = preset or method_cls.default_preset
     preset_values = (auto_preset(method_cls, pick_device(device) if isinstance(device, str) else torch.device("cpu"))
@@ -122,18 +120,20 @@ def validate_config(config: Config) -> None:
         raise ConfigError(f"release.model: {config['method']} {refusal}")
 
 
-def check_stored_config(config: Config, source: str) -> None:
-    """ConfigError naming ``source`` unless ``config`` (a run's config.yaml, as :func:`~dpsynth.config.migrate`
-    made it) names a known method and preset and holds every key of their defaults with usable values."""
+def stored_config(config: Config, source: str) -> Config:
+    """``config`` (a run's config.yaml, as :func:`~dpsynth.config.migrate` made it) with every key of its method's
+    sections that it lacks at the key's default (keys added since it was written), in place; ConfigError naming
+    ``source`` unless it names a known method and preset and its values are usable."""
     try:
-        defaults = resolve_config(str(config.get("method")), preset=config.get("preset"))
-        missing = [key for key in flat_keys(defaults) if not has_key(config, key)]
-        if missing:
-            raise ConfigError(f"missing {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}: "
-                              "not a config dpsynth wrote for this method")
+        method = get_method(str(config.get("method")))
+        preset = config.get("preset")
+        if preset not in (None, AUTO_PRESET):
+            method.fixed_preset(str(preset))
+        with_defaults(config, method.defaults())
         validate_config(config)
     except DpsynthError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    return config
 
 
 def dataset_from_config(config: Config) -> Dataset:
@@ -151,43 +151,9 @@ def dataset_from_config(config: Config) -> Dataset:
         num_images=settings.num_images, window=window, window_shares=shares, cache_dir=settings.cache_dir,
     )
     if drawn is not None:
-        decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE_STAGE})"
+        decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE.stage})"
         dataset = replace(dataset, info=replace(dataset.info, shape_decision=decision))
     return with_public_size(config, dataset)
-
-
-def draws_noisy_shape(config: Config) -> bool:
-    """Whether a run of ``config`` decides its dataset's shape by a DP vote of the images: a folder (a source whose
-    images choose) with ``dataset.resolution`` or ``dataset.channels`` left auto."""
-    settings = DatasetSettings.of(config)
-    return get_source(settings.name).shape_votes is not None and AUTO in (settings.resolution, settings.channels)
-
-
-def with_noisy_shape(config: Config) -> Config:
-    """``config`` with the shape its run reads the dataset at, where a DP vote decides it and none was drawn yet:
-    the images' votes (:class:`~dpsynth.data.folder.ShapeVotes`; with ``dataset.window`` auto, on the 16-bit window
-    too) plus Gaussian noise, SHAPE_NOISE times their L2 sensitivity (the square root of the number of vote
-    vectors), from a stream of its own, decided as the exact votes would be and written to ``privacy.noisy_shape``
-    as [channels, side] and ``privacy.noisy_window`` (the run records :data:`SHAPE_STAGE`)."""
-    if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
-        return config
-    settings = DatasetSettings.of(config)
-    votes = dataset_shape_votes(settings.name, settings.data_dir, settings.resolution, settings.channels,
-                                vote_window=settings.window == "auto")
-    assert votes is not None  # draws_noisy_shape: the source votes and a setting is auto
-    noise = SecretStream(stream_key(RunSettings.of(config).seed, SHAPE_STAGE))
-    std = SHAPE_NOISE * votes.sensitivity
-    noisy = votes.noisy(lambda count: std * noise.normal(count).numpy())
-    side, channels = noisy.decide()
-    if noisy.total() < SHAPE_TRUSTED * SHAPE_NOISE:  # post-processing of the noisy votes, like the decision
-        warnings.warn(f"{settings.name}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
-                      "so few images vote that the noise decides more than they do; declare the shape instead "
-                      "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
-    config = copy.deepcopy(config)
-    config["privacy"]["noisy_shape"] = [channels, side]
-    window = noisy.window()
-    config["privacy"]["noisy_window"] = None if window is None else list(window)
-    return config
 
 
 def with_public_size(config: Config, dataset: Dataset) -> Dataset:
@@ -207,68 +173,11 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
     return replace(dataset, info=replace(info, public_train=size, size_rule=how))
 
 
-def held_out_of(config: Config) -> tuple[SplitSize, SplitSize]:
-    """The validation and test sizes of ``config``'s dataset (:func:`~dpsynth.data.registry.held_out`)."""
-    settings = DatasetSettings.of(config)
-    return held_out(settings.name, settings.val_size, settings.test_size)
-
-
-def draws_noisy_size(info: DatasetInfo) -> bool:
-    """Whether a run on ``info`` releases its size as a noisy count (drawn already, or still to draw)."""
-    return info.size_rule in ("noisy", "private")
-
-
-LEAST_TRAIN = 2  # training units a noisy count is raised to at least
-
-
-def noisy_total(dataset: Dataset, config: Config) -> int:
-    """The number of units (images, or groups) of ``dataset`` (all splits but an official test part) plus
-    N(0, SIZE_NOISE^2), rounded, from a stream of its own (the caller records :data:`SIZE_STAGE`), raised to the
-    least total that leaves ``config``'s splits the training units δ needs: a clamp, post-processing, where a refusal
-    and a fresh draw would make the published count depend on the exact one (a warning says to declare the size)."""
-    info = dataset.info
-    exact = sum(size for split, size in info.unit_counts.items() if split != "test" or not info.official_test)
-    noisy = noisy_count(exact, SIZE_NOISE, SecretStream(stream_key(RunSettings.of(config).seed, SIZE_STAGE)))
-    least = least_total(*held_out_of(config), info.official_test)
-    if noisy < least:
-        warnings.warn(f"{info.name}: the noisy count of the data's size came out at {noisy}, below the {least} its "
-                      f"splits need, and was raised to {least}: the data is too small for a count with noise of std "
-                      f"{SIZE_NOISE:g}; declare its size instead (privacy.dataset_size=N, no epsilon spent)",
-                      PrivacyWarning, stacklevel=2)
-    return max(noisy, least)
-
-
 def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
     """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
     derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
     return (config["preset"] == AUTO_PRESET and info.unit == "group"
             and "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys)
-
-
-def noisy_images_per_group(dataset: Dataset, config: Config) -> float:
-    """The mean number of images a DP-SGD step reads of a person: the training split's images, each person's capped
-    at ``privacy.max_images_per_group``, plus N(0, (IMAGES_NOISE x cap)^2) from a stream of its own (the run
-    records :data:`IMAGES_STAGE`), over the public N; within [1, cap] (post-processing), to 2 decimals."""
-    cap = PrivacySettings.of(config).max_images_per_group
-    groups = dataset.train.groups
-    assert groups is not None  # draws_images_per_group: the data has groups
-    capped = torch.bincount(torch.unique(groups, return_inverse=True)[1]).clamp(max=cap).sum()
-    noise = SecretStream(stream_key(RunSettings.of(config).seed, IMAGES_STAGE))
-    noisy = noisy_count(float(capped), IMAGES_NOISE * cap, noise)
-    return round(min(max(noisy / dataset.info.num_train, 1.0), float(cap)), 2)
-
-
-def least_total(val_size: SplitSize, test_size: SplitSize, official_test: bool) -> int:
-    """The smallest number of units that the validation and test sizes leave :data:`LEAST_TRAIN` training units (the
-    fewest the default δ = 1 / (N ln N) takes)."""
-    total = LEAST_TRAIN
-    while True:
-        try:
-            if train_size(total, val_size, test_size, official_test, "") >= LEAST_TRAIN:
-                return total
-        except DataError:
-            pass
-        total += 1
 
 
 def resolve_delta(config: Config, num_train: int) -> float:
@@ -303,6 +212,8 @@ def data_key(config: Config) -> str:
     """The data set a run releases from, as the holder's ledger counts it: a folder's or file's full path
     (``folder:/data/scans``), else the standard set's name."""
     settings = DatasetSettings.of(config)
+    if settings.name == "memory" and settings.data_dir:
+        return settings.data_dir  # memory:<SHA-256 of the arrays>
     if settings.name in HOLDER_SOURCES and settings.data_dir:
         return f"{settings.name}:{Path(settings.data_dir).expanduser().resolve()}"
     return settings.name
@@ -359,11 +270,9 @@ def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
     """The mechanisms a run of ``config`` on ``info`` releases facts of its dataset with, before the method's:
     the shape a DP vote decides, the noisy size, and with groups under a derived plan the noisy mean of a
     person's images."""
-    shape = [PlannedStage(SHAPE_STAGE, event=GaussianMechanism(SHAPE_NOISE))] if draws_noisy_shape(config) else []
-    size = [PlannedStage(SIZE_STAGE, event=GaussianMechanism(SIZE_NOISE))] if draws_noisy_size(info) else []
-    images = ([PlannedStage(IMAGES_STAGE, event=GaussianMechanism(IMAGES_NOISE))]
-              if draws_images_per_group(config, info) else [])
-    return shape + size + images
+    drawn = ((SHAPE, draws_noisy_shape(config)), (SIZE, draws_noisy_size(info)),
+             (IMAGES_PER_GROUP, draws_images_per_group(config, info)))
+    return [fact.planned() for fact, draws in drawn if draws]
 
 
 # The DP-SGD stage whose training the recorded outcomes measure (a diffusion model's: autoplan.regime).

@@ -19,6 +19,7 @@ from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
 from .methods import METHODS, shortcuts
 from .provenance import version_line
+from .utils.messages import printed_to
 
 if TYPE_CHECKING:
     from .data import Dataset
@@ -428,6 +429,13 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(f"metrics and pictures: {out}")
 
 
+def _export(args: argparse.Namespace) -> None:
+    from .export import export_release
+
+    out = export_release(args.release, args.out, args.format)
+    print(f"wrote {out} ({args.format}), with the release's privacy.json")
+
+
 def _sample(args: argparse.Namespace) -> None:
     import torch
 
@@ -743,6 +751,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a diffusion model's classifier-free guidance weight, 0 for none (default: the run's)")
     sample.set_defaults(handler=_sample)
 
+    export = commands.add_parser("export", help="write a release in a format other tools read without dpsynth: an "
+                                                "image folder, or a released diffusion model as a diffusers folder")
+    export.add_argument("release", metavar="RELEASE_DIR", help="a run directory that released, or its release/ folder")
+    export.add_argument("--format", required=True, choices=("imagefolder", "diffusers"),
+                        help="imagefolder: a sub-folder of PNGs per class (torchvision, Hugging Face datasets); "
+                             "diffusers: unet/, scheduler/ and sampling.json of a released pixel diffusion model")
+    export.add_argument("--out", required=True, metavar="DIR", help="the new folder to write (must not exist, or be "
+                                                                    "empty)")
+    export.set_defaults(handler=_export)
+
     bench = commands.add_parser("bench", help="run methods x datasets x epsilons alike and tabulate the results")
     bench.add_argument("--methods", nargs="+", required=True, help=f"all, or some of: {', '.join(sorted(METHODS))}")
     bench.add_argument("--datasets", nargs="+", default=["fashion-mnist"], help="dataset names")
@@ -808,7 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's stop ends it as Ctrl-C does
     try:
-        handler(args)
+        with printed_to(sys.stdout, warnings_to=sys.stderr):  # what the library tells, for the command's user
+            handler(args)
     except DpsynthError as exc:
         print(f"dpsynth: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))

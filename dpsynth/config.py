@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
-SCHEMA = 5  # the version of config.yaml this dpsynth writes (key ``schema``); older files go through migrate()
+SCHEMA = 5  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
 
 
 S = TypeVar("S")
@@ -372,39 +372,58 @@ def load_config(text: str, source: str) -> Config:
     return migrate(config, source)
 
 
-# What a config written before ``schema`` existed (schema 0) meant by the method keys it may lack: the behaviour
-# of runs configured before each key existed (class rows started at the null row, DDIM sampled throughout).
-SCHEMA_0_METHOD_KEYS = {"model.init_from": None, "model.class_start": "shared", "diffusion.sampler": "ddim",
-                        "diffusion.guidance_interval": [0.0, 1.0]}
+@dataclass(frozen=True)
+class Migration:
+    """What configs older than ``schema`` meant by keys they lack whose default would change how they ran: each
+    key (``section.key``) with the value that keeps it, set in the sections such a config has."""
+
+    schema: int
+    old_values: Mapping[str, Any]
+
+
+# The steps from older configs, in order. A key added with a default that keeps older runs' behaviour needs no step
+# (every key a config lacks takes its default) and no new SCHEMA; a key whose default would change them needs one.
+MIGRATIONS = (
+    # schema 0 (no ``schema`` key): class rows started at the null row, DDIM sampled throughout
+    Migration(1, {"model.init_from": None, "model.class_start": "shared", "diffusion.sampler": "ddim",
+                  "diffusion.guidance_interval": [0.0, 1.0]}),
+)
+
+
+IDENTITY = ("method", "preset", "dataset.name", "privacy.epsilon")  # what a run is: never filled in by a default
 
 
 def migrate(config: Config, source: str) -> Config:
-    """``config`` as :data:`SCHEMA`: an older one gets every shared key it lacks with its default (schema 1 lacks
-    ``dataset.window``, ``dataset.cache_dir``, ``dataset.title``, ``dataset.description`` and
-    ``privacy.noisy_window``: its 16-bit images were not read, so the defaults keep its behaviour; schema 2 lacks
-    ``release.model``, false as its runs released no model; schema 3 lacks ``plan.force``, false as no plan was
-    refused then, ``dataset.train_resolution``, ``release.upscaler`` and ``privacy.noisy_images_per_group``, unused
-    as it trained at the data's side and priced a group's step at the cap; schema 4 lacks ``dataset.owner``,
-    ``dataset.unit_name``, ``release.purpose``, ``privacy.epsilon_reason``, ``privacy.total_epsilon`` and
-    ``privacy.holder_ledger`` and ``run.time_limit``, all unset then), and one without ``schema`` (schema 0)
-    :data:`SCHEMA_0_METHOD_KEYS` in the method sections it has; ConfigError naming ``source`` and the fix for a
-    schema this dpsynth does not know."""
+    """``config`` as :data:`SCHEMA`: the :data:`MIGRATIONS` steps newer than its schema (all for a file without
+    ``schema``), then every shared key it lacks with its default (the method's keys take theirs where the method is
+    known: :func:`dpsynth.api.stored_config`); ConfigError naming ``source`` and the fix for a schema this dpsynth
+    does not know, or the :data:`IDENTITY` keys it lacks."""
     version = config.get("schema", 0)
-    if version == SCHEMA:
-        return config
-    if version not in (0, 1, 2, 3, 4):
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= SCHEMA:
         raise ConfigError(f"{source}: schema {version!r}, but this dpsynth reads schema {SCHEMA} and older; "
                           "read it with the dpsynth that wrote it, or upgrade dpsynth")
+    missing = [key for key in IDENTITY if not has_key(config, key)]
+    if missing:
+        raise ConfigError(f"{source}: missing {', '.join(missing)}: not a config dpsynth wrote (every one names "
+                          "these, and no default stands in for them)")
     migrated: Config = {"schema": SCHEMA, **{key: copy.deepcopy(value) for key, value in config.items()
                                              if key != "schema"}}
-    for key in flat_keys(BASE_CONFIG):
+    for step in MIGRATIONS:
+        for key, value in step.old_values.items() if version < step.schema else ():
+            section, leaf = key.split(".")
+            if isinstance(migrated.get(section), dict):
+                migrated[section].setdefault(leaf, copy.deepcopy(value))
+    return with_defaults(migrated, BASE_CONFIG)
+
+
+def with_defaults(config: Config, defaults: Config) -> Config:
+    """``config`` with every key of ``defaults`` it lacks (a copy of the default), in place; returns it."""
+    for key in flat_keys(defaults):
         section, leaf = key.split(".")
-        migrated.setdefault(section, {}).setdefault(leaf, copy.deepcopy(get_value(BASE_CONFIG, key)))
-    for key, value in SCHEMA_0_METHOD_KEYS.items():
-        section, leaf = key.split(".")
-        if version == 0 and section in migrated:
-            migrated[section].setdefault(leaf, copy.deepcopy(value))
-    return migrated
+        values = config.setdefault(section, {})
+        if isinstance(values, dict):  # one that is not stays for the validation to name
+            values.setdefault(leaf, copy.deepcopy(get_value(defaults, key)))
+    return config
 
 
 def choice_setting(config: Config, section: str, key: str, choices: Sequence[str]) -> str:

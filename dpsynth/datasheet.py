@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from .api import HOLDER_SOURCES, SHAPE_STAGE
+from .api import HOLDER_SOURCES
 from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, ReleaseSettings
 from .data import DatasetInfo
 from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
+from .privacy.dataset_facts import SHAPE
 
 SIZE_RULES = {"published": "the standard split's published size", "declared": "declared public by the data holder",
               "noisy": "a noisy count (the exact number is private), released as the first stage of the budget below"}
@@ -255,14 +256,14 @@ def _model(report: dict[str, Any], model: Generator | None) -> list[str]:
 def _public(report: dict[str, Any], info: DatasetInfo, config: Config) -> list[str]:
     """Every fact of the data the release shows without noise or decided by a recorded vote: the classes, the shape,
     the size, the window, the cap on a person's images, and the public images read."""
-    voted = SHAPE_STAGE in [stage["name"] for stage in report.get("stages", [])]
+    voted = SHAPE.stage in [stage["name"] for stage in report.get("stages", [])]
     dataset, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
     unit = unit_name(info, dataset)
     about = "about " if report["dataset_size_rule"] == "noisy" else ""
     lines = ["## Treated as public", "",
              f"- The class names ({', '.join(info.class_names)}) and the number of classes.",
              f"- The image size ({' x '.join(map(str, released_shape(info)))}): " + (
-                 f"a noisy vote of the images, released as the stage {SHAPE_STAGE} below." if voted else
+                 f"a noisy vote of the images, released as the stage {SHAPE.stage} below." if voted else
                  "declared by the data holder (`dataset.resolution`, `dataset.channels`)." if info.name in
                  HOLDER_SOURCES else "fixed by the data set's format."),
              f"- The training set's size, {about}{report['dataset_size']:,} {unit}s: "

@@ -35,6 +35,7 @@ from .pipeline import execute, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
 from .runs import LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory
 from .utils.device import pick_device
+from .utils.messages import silenced
 
 DATASET, EPSILON = "digits", 8.0
 PUBLIC = "glyphs"  # what a method that needs a public model starts from
@@ -73,8 +74,8 @@ def check_method(method: str, device: str, root: Path) -> Checkup:
     """Run, interrupt, resume and check ``method`` on ``device`` in a new run directory under ``root``."""
     start = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            detail = _run_and_check(method, device, root)  # the runs' own output (progress bars) kept out
+        with silenced(), contextlib.redirect_stderr(io.StringIO()):
+            detail = _run_and_check(method, device, root)  # the runs' own messages and progress bars kept out
         passed = True
     except Exception as exc:  # the doctor reports every failure, whatever raised it, and goes on
         passed, detail = False, _failure(exc)

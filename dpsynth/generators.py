@@ -39,6 +39,7 @@ MODEL_WEIGHTS, CARD = Path(MODEL).name, Path(MODEL_CARD).name  # model.safetenso
 CARD_FORMAT = "dpsynth generator"
 CARD_VERSION = 1  # the layout of model.json this dpsynth writes and reads
 PRIVACY_REPORT = Path(PRIVACY).name  # the release's report, listing its files by SHA-256
+DIFFUSERS_SAMPLING = "sampling.json"  # how a diffusers folder (DiffusionGenerator.save_diffusers) samples
 
 
 def balanced_labels(count: int, num_classes: int) -> torch.Tensor:
@@ -218,6 +219,18 @@ class DiffusionGenerator(Generator):
             ])
         return Samples(images, labels, chosen.report())
 
+    def save_diffusers(self, out: Path) -> None:
+        """Write the model as diffusers loads it: ``unet/`` (``UNet2DModel.from_pretrained``), ``scheduler/`` (the
+        run's sampler on the model's noise schedule) and ``sampling.json`` (its steps, guidance and guidance
+        interval, the null class that guidance contrasts with, the image shape and class names)."""
+        settings = self.diffusion_settings
+        self.module.save_pretrained(out / "unet")
+        self.diffusion.scheduler(settings.sampler, settings.sample_steps).save_pretrained(out / "scheduler")
+        atomic_write_json(out / DIFFUSERS_SAMPLING, {
+            "sample_steps": settings.sample_steps, "guidance": settings.guidance,
+            "guidance_interval": list(settings.guidance_interval), "timesteps": self.diffusion.timesteps,
+            "null_class": len(self.class_names), "image_shape": list(self.shape), "class_names": self.class_names})
+
     def contents(self) -> str:
         settings = self.diffusion_settings
         return ("the UNet's weights as the images were sampled with (the EMA of training); its architecture, noise "
@@ -356,7 +369,7 @@ def read_generator(directory: str | Path, device: torch.device | str = "cpu") ->
     if not card_path.is_file() or not weights_path.is_file():
         raise DpsynthError(f"{directory}: no released model ({CARD} and {MODEL_WEIGHTS}); a run writes them "
                            "into its release/ folder when started with --release-model (release.model=true)")
-    privacy = _checked_privacy(directory, (card_path, weights_path))
+    privacy = checked_privacy(directory, (card_path, weights_path))
     card = _read_card(card_path)
     shape = tuple(card["image_shape"])
     try:
@@ -399,23 +412,24 @@ def _read_card(path: Path) -> dict[str, Any]:
     return card
 
 
-def _checked_privacy(directory: Path, files: Sequence[Path]) -> dict[str, Any]:
-    """The folder's privacy.json, after checking that it lists each of ``files`` with its SHA-256."""
+def checked_privacy(directory: Path, files: Sequence[Path], what: str = "model") -> dict[str, Any]:
+    """The release folder's privacy.json, after checking that it lists each of ``files`` with its SHA-256;
+    DpsynthError naming the file (a released ``what``) otherwise."""
     path = directory / PRIVACY_REPORT
     try:
         report = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise DpsynthError(f"{path}: a released model is loaded from its release folder, whose {PRIVACY_REPORT} "
+        raise DpsynthError(f"{path}: a released {what} is read from its release folder, whose {PRIVACY_REPORT} "
                            f"states its guarantee; cannot read it ({error})") from None
     listed = report.get(MANIFEST) or {}
     for file in files:
         if listed.get(file.name) != sha256(file):
             how = "with another SHA-256" if file.name in listed else "not at all"
-            raise DpsynthError(f"{file}: {path} lists it {how}: no guarantee covers a model that differs from the "
+            raise DpsynthError(f"{file}: {path} lists it {how}: no guarantee covers a {what} that differs from the "
                                "released one")
     return report
 
 
 __all__ = ["CARD", "KINDS", "MODEL_WEIGHTS", "DiffusionGenerator", "Generator", "LatentDiffusionGenerator",
            "LatentModel", "OneStepArchitecture",
-           "OneStepGenerator", "Samples", "balanced_labels", "one_step_images", "read_generator"]
+           "OneStepGenerator", "Samples", "balanced_labels", "checked_privacy", "one_step_images", "read_generator"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -12,34 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from .api import (
-    IMAGES_NOISE,
-    IMAGES_STAGE,
-    SHAPE_NOISE,
-    SHAPE_STAGE,
-    SIZE_NOISE,
-    SIZE_STAGE,
     BudgetPlan,
     PrivacyWarning,
-    check_stored_config,
     check_total_epsilon,
     check_training_regime,
     data_key,
     dataset_from_config,
-    draws_noisy_shape,
     format_derived_plan,
     holder_ledger,
-    noisy_total,
     plan_budget_for,
     planned_config,
     planned_release,
     release_upscaler,
     resolve_delta,
+    stored_config,
     training_dataset,
     training_regime,
     validate_config,
-    with_noisy_shape,
     with_public_size,
 )
 from .autoplan.plan import budget_held
@@ -57,6 +48,7 @@ from .config import (
     check_not_run_written,
     flat_keys,
     get_value,
+    has_key,
     set_value,
 )
 from .data import Dataset, DatasetInfo
@@ -72,7 +64,6 @@ from .models.upscaler import SavedUpscaler
 from .officer import OFFICER_PAGE, near_chance, write_officer_page
 from .privacy import (
     Accountant,
-    GaussianMechanism,
     LedgerPlan,
     PrivacyLedger,
     budget_report,
@@ -80,6 +71,7 @@ from .privacy import (
     ledger_report,
     non_private_stages,
 )
+from .privacy.dataset_facts import draws_noisy_shape, noisy_total, record_drawn, with_noisy_shape
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .privacy.releases import total
 from .provenance import provenance, public_data_digests
@@ -98,6 +90,7 @@ from .runs import (
 )
 from .training.context import RunContext
 from .utils.device import pick_device
+from .utils.messages import tell, warn
 
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
@@ -128,14 +121,14 @@ def start(config: Config, began: float | None = None) -> RunDirectory:
     del full
     path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
     if world.is_main:
-        print(f"run directory: {path}")
+        tell("run directory", f"run directory: {path}", path=path)
         if dataset.info.shape_decision:
-            print(f"{dataset.info.name} read at {dataset.info.shape_decision}")
-        print(f"unit of privacy: {dataset.info.unit_words()}")
+            tell("shape", f"{dataset.info.name} read at {dataset.info.shape_decision}")
+        tell("unit of privacy", f"unit of privacy: {dataset.info.unit_words()}")
         if PlanSettings.of(config).decisions:
-            print(format_derived_plan(config), flush=True)
-        for line in (line for assessment in regime for line in assessment.lines()):
-            print(line, flush=True)
+            tell("derived plan", format_derived_plan(config))
+        for assessment in regime:
+            tell("training regime", "\n".join(assessment.lines()))
     return execute(RunDirectory(path), dataset, budget, world, began)
 
 
@@ -155,14 +148,20 @@ def check_upscaler(config: Config, info: DatasetInfo, full: Dataset, device: tor
 
 
 def resumable(path: str) -> RunDirectory:
-    """The run directory ``path``; DpsynthError if it is none, its config is damaged or it has released already."""
+    """The run directory ``path``, its config.yaml given the keys added since it was written (at their defaults);
+    DpsynthError if it is none, its config is damaged or it has released already."""
     run = RunDirectory.open(path)
-    check_stored_config(run.config(), str(run.file(CONFIG)))
+    config = stored_config(run.config(), str(run.file(CONFIG)))
     if run.file(REHEARSAL).exists():
         raise DpsynthError(f"{run.path}: a rehearsal does not resume; run dpsynth rehearse again (it spends nothing)")
     if run.file(PRIVACY).exists():
         raise DpsynthError(f"{run.path}: this run already released its synthetic set; nothing to resume "
                            f"(dpsynth evaluate {run.path} evaluates it)")
+    written = yaml.safe_load(run.file(CONFIG).read_text())
+    added = [key for key in flat_keys(config) if not has_key(written, key)]
+    if added or written.get("schema") != config["schema"]:
+        run.write_config(config)
+        run.log("config completed", schema=config["schema"], added=added)
     return run
 
 
@@ -277,10 +276,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
     if world.is_main and not run.file(REHEARSAL).exists():  # a rehearsal on public data enters no holder's ledger
         _enter_release(run, config, dataset.info, budget)
-    drawn = ((SHAPE_STAGE, SHAPE_NOISE), (SIZE_STAGE, SIZE_NOISE), (IMAGES_STAGE, IMAGES_NOISE))
-    for stage, noise in drawn:  # drawn before the first checkpoint
-        if stage in plan and stage not in ledger.stages():
-            ledger.record(stage, GaussianMechanism(noise))
+    record_drawn(ledger, plan)  # the dataset's facts, drawn before the first checkpoint
     if world.is_main:
         run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
                 processes=world.size)
@@ -414,7 +410,8 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
                  "with NO differential-privacy guarantee (see privacy.json)")
     if "rehearsal" in report:
         guarantee = "of the rehearsal: a public stand-in's, no private image read, nothing spent"
-    print(f"released {len(generated.labels)} images {guarantee}: {run.path}")
+    tell("released", f"released {len(generated.labels)} images {guarantee}: {run.path}", epsilon=report["epsilon"],
+         images=len(generated.labels), path=str(run.path))
     if EvaluationSettings.of(config).enabled:  # against the real images at the release's side
         cuts = _held_evaluation(run, config, dataset.info, context.device, clock)
         evaluate_run(run, cuts.items(), dataset=dataset if upscaler is None else None, device=context.device)
@@ -429,7 +426,7 @@ def _held_evaluation(run: RunDirectory, config: Config, info: DatasetInfo, devic
     now = time.perf_counter()
     cuts, words = budget_held(config, info, device, now - clock[0], now - clock[1])
     if cuts:
-        print(words, flush=True)
+        tell("evaluation held to the budget", words, cuts=cuts)
         run.log("evaluation held to the budget", cuts=cuts, decision=words)
     return cuts
 
@@ -488,10 +485,10 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     write_officer_page(run)
     for name, result in metrics.get("accuracy", {}).items():
         if near_chance(result["test_accuracy"], dataset.info.num_classes):
-            print(f"dpsynth: warning: a {name} classifier trained on the release scores "
-                  f"{100 * result['test_accuracy']:.1f} % on the real test images, near chance "
-                  f"({100 / dataset.info.num_classes:.1f} %): the release shows almost nothing of the classes "
-                  f"({run.file(OFFICER_PAGE)} says so to the officer)", file=sys.stderr, flush=True)
+            warn("near chance", f"dpsynth: warning: a {name} classifier trained on the release scores "
+                 f"{100 * result['test_accuracy']:.1f} % on the real test images, near chance "
+                 f"({100 / dataset.info.num_classes:.1f} %): the release shows almost nothing of the classes "
+                 f"({run.file(OFFICER_PAGE)} says so to the officer)", classifier=name)
     run.log("evaluated", **{key: metrics[key] for key in ("fid", "precision", "recall")}, **_cuda_peak(device))
     return metrics
 

@@ -31,6 +31,7 @@ from .privacy.events import Event
 from .runs import REHEARSAL, RunDirectory, run_name
 from .utils.device import pick_device
 from .utils.io import atomic_write_json
+from .utils.messages import tell
 
 DEFAULT_STAND_IN = "glyphs"  # labelled public data of any size, shape and class count, installed with the fonts
 DEFAULT_SHRINK = 4
@@ -176,8 +177,8 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     budget = shrunk_budget(rehearsed, dataset, real, shrink)
     run = RunDirectory.create(rehearsed, name=f"rehearsal-{run_name(rehearsed)}")
     atomic_write_json(run.file(REHEARSAL), describe(real, budget, rehearsed, stand_in, private, shrink))
-    print(f"rehearsal directory: {run.path}\nrehearsing the plan of a {private} run on {len(full.train):,} public "
-          f"{stand_in} images, each DP-SGD stage at a batch {shrink} times smaller (same steps and sigma/B): "
-          "nothing private is read, nothing is spent", flush=True)
+    tell("rehearsal directory", f"rehearsal directory: {run.path}\nrehearsing the plan of a {private} run on "
+         f"{len(full.train):,} public {stand_in} images, each DP-SGD stage at a batch {shrink} times smaller (same "
+         "steps and sigma/B): nothing private is read, nothing is spent", path=str(run.path))
     return execute(run, dataset, budget, World())
 

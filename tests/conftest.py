@@ -23,10 +23,15 @@ import pytest
 import threadpoolctl
 import torch
 
+from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
+from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.methods import METHODS
+from dpsynth.pipeline import execute
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
+from dpsynth.runs import RunDirectory
 
 
 def secret_stream(seed: int = 0) -> SecretStream:
@@ -252,3 +257,14 @@ def own_npz(tmp_path) -> str:
     np.savez(tmp_path / "own.npz", images=images.numpy(), labels=labels.numpy(),
              class_names=np.asarray(digits.info.class_names))
     return str(tmp_path / "own.npz")
+
+
+def stopped_smoke_run(method: str, root: Path, epsilon: float = 5.0) -> RunDirectory:
+    """A smoke run of ``method`` on sklearn's digits (its ``cpu`` preset) under ``root``, stopped as a crash would stop
+    it right after its first checkpoint that follows a recorded mechanism (the doctor's stop)."""
+    config = resolve_config(method, dataset="digits", epsilon=epsilon, preset="cpu",
+                            overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}"])
+    run = RunDirectory.create(config)
+    with pytest.raises(_Interrupted):
+        execute(_CrashAfterCheckpoint(run.path))
+    return run

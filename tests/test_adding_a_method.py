@@ -40,3 +40,15 @@ def test_a_method_in_one_file_brings_its_command_line_options(toy: str, capsys: 
 def test_a_method_in_one_file_passes_the_doctor(toy: str, capsys: pytest.CaptureFixture[str]):
     assert main(["doctor", "--device", "cpu", "--methods", toy]) == 0
     assert re.search(rf"^{toy} +ok .*resumed, epsilon [0-9.]+ <= 8", capsys.readouterr().out, re.MULTILINE)
+
+
+def test_the_doctor_says_which_method_failed_and_why(toy: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setattr(METHODS[toy], "smoke", ("means.clip=-1",))
+    assert main(["doctor", "--device", "cpu", "--methods", toy, "pe"]) == 2
+    out, err = capsys.readouterr()
+    assert re.search(rf"^{toy} +FAIL .*means.clip must be a number above 0", out, re.MULTILINE)
+    assert re.search(r"^pe +ok ", out, re.MULTILINE)
+    assert f"1 of 2 methods failed on this device: {toy}" in err
+    assert main(["doctor", "--device", "cpu", "--methods", "nope"]) == 2
+    assert "unknown method(s) nope" in capsys.readouterr().err

@@ -3,32 +3,28 @@ config.yaml, older files migrated by one function and newer ones refused with th
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import MISSING, fields
 
 import pytest
+import torch
+from conftest import stopped_smoke_run
 
-from dpsynth.api import check_stored_config, resolve_config, validate_config
+from dpsynth.api import resolve_config, stored_config, validate_config
+from dpsynth.cli import main
 from dpsynth.config import (
     BASE_CONFIG,
     SCHEMA,
-    SHARED_SECTIONS,
     PrivacySettings,
     RunSettings,
     dump_config,
+    get_value,
     load_config,
     section_settings,
 )
 from dpsynth.diffusion.settings import DiffusionSettings, UNetSettings
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS
-
-
-def test_every_shared_default_is_its_dataclass_field_default():
-    for kind in SHARED_SECTIONS:
-        defaults = {spec.name: spec.default for spec in fields(kind)}
-        assert {key: tuple(value) if isinstance(value, list) else value
-                for key, value in BASE_CONFIG[kind.section].items()} == defaults
-    assert PrivacySettings.of(BASE_CONFIG).max_images_per_group == 16
 
 
 def test_a_config_names_its_schema_first_and_reads_back_the_same():
@@ -46,7 +42,7 @@ def test_a_file_written_before_the_schema_is_migrated_with_the_behaviour_of_its_
     del old["diffusion"]["sampler"], old["diffusion"]["guidance_interval"], old["evaluation"]["enabled"]
     del old["privacy"]["max_images_per_group"], old["plan"]
     migrated = load_config(dump_config(old), "config.yaml")
-    check_stored_config(migrated, "config.yaml")
+    stored_config(migrated, "config.yaml")
     assert migrated["schema"] == SCHEMA and list(migrated)[0] == "schema"
     assert section_settings(UNetSettings, migrated, "model").class_start == "shared"  # as such runs started
     diffusion = section_settings(DiffusionSettings, migrated, "diffusion")
@@ -56,10 +52,10 @@ def test_a_file_written_before_the_schema_is_migrated_with_the_behaviour_of_its_
     assert PrivacySettings.of(migrated).max_images_per_group == 16
     derived = copy.deepcopy(migrated)
     derived["plan"].update(probe={"device": "cpu", "dpsgd": {}}, expected_seconds={"total": 60.0})
-    check_stored_config(derived, "config.yaml")  # a derived plan's mappings hold the keys they replace
-    del migrated["model"]["attention"]
-    with pytest.raises(ConfigError, match="config.yaml: missing model.attention"):
-        check_stored_config(migrated, "config.yaml")
+    stored_config(derived, "config.yaml")  # a derived plan's mappings hold the keys they replace
+    del migrated["model"]["attention"]  # a method key added since: its default
+    attention = METHODS["dpdm"].defaults()["model"]["attention"]
+    assert stored_config(migrated, "config.yaml")["model"]["attention"] == attention
 
 
 def test_a_schema_1_file_reads_as_it_ran_its_16_bit_window_at_the_default():
@@ -70,7 +66,7 @@ def test_a_schema_1_file_reads_as_it_ran_its_16_bit_window_at_the_default():
                          ("dataset", "description"), ("privacy", "noisy_window")):
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")
-    check_stored_config(migrated, "config.yaml")
+    stored_config(migrated, "config.yaml")
     assert migrated == config and list(migrated)[0] == "schema"
 
 
@@ -79,7 +75,7 @@ def test_a_schema_2_file_reads_as_it_ran_releasing_no_model():
     old = {**copy.deepcopy(config), "schema": 2}
     del old["release"]
     migrated = load_config(dump_config(old), "config.yaml")
-    check_stored_config(migrated, "config.yaml")
+    stored_config(migrated, "config.yaml")
     assert migrated == config and migrated["release"] == {"model": False, "upscaler": "default", "purpose": None}
 
 
@@ -90,7 +86,7 @@ def test_a_schema_3_file_reads_as_it_ran_at_the_data_side_unforced():
                          ("privacy", "noisy_images_per_group")):
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")
-    check_stored_config(migrated, "config.yaml")
+    stored_config(migrated, "config.yaml")
     assert migrated == config and migrated["plan"]["force"] is False
     assert migrated["dataset"]["train_resolution"] == "auto"
 
@@ -103,8 +99,16 @@ def test_a_schema_4_file_reads_as_it_ran_with_no_holder_fields_and_no_cap():
     for section, key in holder:
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")
-    check_stored_config(migrated, "config.yaml")
+    stored_config(migrated, "config.yaml")
     assert migrated == config and all(migrated[section][key] is None for section, key in holder)
+
+
+def test_a_file_without_what_a_run_is_is_refused_not_filled_in():
+    config = resolve_config("dpdm", dataset="digits", preset="cpu")
+    del config["privacy"]["epsilon"], config["dataset"]["name"]
+    with pytest.raises(ConfigError, match="runs/x/config.yaml: missing dataset.name, privacy.epsilon: not a config "
+                                          "dpsynth wrote"):
+        load_config(dump_config(config), "runs/x/config.yaml")
 
 
 def test_a_newer_schema_is_refused_with_the_fix():
@@ -133,7 +137,7 @@ def test_a_shared_key_is_checked_by_its_field_and_named(key: str, value: object,
     section, leaf = key.split(".")
     config[section][leaf] = value
     with pytest.raises(ConfigError, match=message):
-        check_stored_config(config, "config.yaml")
+        stored_config(config, "config.yaml")
     assert RunSettings.of(resolve_config("dp-merf", preset="cpu", overrides=["run.threads=2"])).threads == 2
 
 
@@ -148,3 +152,23 @@ def test_a_method_section_is_a_dataclass_whose_fields_hold_every_default():
     with pytest.raises(ConfigError, match="frequency.noise_multiplier"):  # FETA-Pro's key, not DP-MERF's
         resolve_config("dp-merf", overrides=["frequency.noise_multiplier=3"])
     assert resolve_config("feta-pro")["frequency"]["noise_multiplier"] is None
+
+
+def test_a_run_written_before_a_key_existed_resumes_with_the_key_at_its_default(tmp_path):
+    run = stopped_smoke_run("dp-merf", tmp_path)
+    config = run.config()
+    newer = ("generator.lr_decay", "release.purpose")  # as if each were added after the run was written
+    written = run.config()
+    for key in newer:
+        section, leaf = key.split(".")
+        del written[section][leaf]
+    run.file("config.yaml").write_text(dump_config(written))
+    saved = torch.load(run.file("checkpoint.pt"), weights_only=True)
+    saved["settings"] = {key: value for key, value in saved["settings"].items() if key not in newer}
+    torch.save(saved, run.file("checkpoint.pt"))
+    assert main(["run", "--resume", str(run.path)]) == 0
+    assert [get_value(run.config(), key) for key in newer] == [get_value(config, key) for key in newer]
+    assert (run.path / "release" / "synthetic.npz").is_file()
+    completed = [json.loads(line) for line in run.file("log.jsonl").read_text().splitlines()
+                 if '"config completed"' in line]
+    assert len(completed) == 1 and set(newer) <= set(completed[0]["added"])

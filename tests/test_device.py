@@ -7,26 +7,21 @@ copies (``to_device`` takes its CUDA branch only on a GPU) and the paper presets
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_report_matches, secret_stream
+from conftest import assert_report_matches, secret_stream, stopped_smoke_run
 
 import dpsynth
-from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.ddpm import SAMPLERS
-from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.errors import OutOfMemory
 from dpsynth.methods import METHODS
 from dpsynth.models import build_unet
-from dpsynth.pipeline import execute
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.dpsgd import DPSGD, EMA, DpsgdSettings
-from dpsynth.runs import RunDirectory
 from dpsynth.utils.device import memory_limited_by, to_device
 
 META = torch.device("meta")
@@ -115,24 +110,9 @@ def test_doctor_passes_every_method_on_the_cpu_and_each_run_has_its_report(capsy
         assert "Not evaluated yet: dpsynth evaluate" in shown["text"] and "Samples per class" in shown["text"]
 
 
-def test_the_doctor_says_which_method_failed_and_why(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(METHODS["dpdm"], "smoke", (*METHODS["dpdm"].smoke, "dpsgd.clip=-1"))
-    assert main(["doctor", "--device", "cpu", "--methods", "dpdm", "pe"]) == 2
-    out, err = capsys.readouterr()
-    assert re.search(r"^dpdm +FAIL .*dpsgd.clip must be a number above 0", out, re.MULTILINE)
-    assert re.search(r"^pe +ok ", out, re.MULTILINE)
-    assert "1 of 2 methods failed on this device: dpdm" in err
-    assert main(["doctor", "--device", "cpu", "--methods", "nope"]) == 2
-    assert "unknown method(s) nope" in capsys.readouterr().err
-
-
 def test_a_resumed_run_may_lower_memory_settings_and_nothing_else(tmp_path: Path):
-    config = resolve_config("dpdm", dataset="digits", epsilon=8, preset="cpu",
-                            overrides=[*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
-    run = RunDirectory.create(config)
-    with pytest.raises(_Interrupted):
-        execute(_CrashAfterCheckpoint(run.path))
+    run = stopped_smoke_run("dpdm", tmp_path, epsilon=8)
+    config = run.config()
     assert main(["run", "--resume", str(run.path), "--set", "dpsgd.lr=0.1"]) == 2
     assert main(["run", "--resume", str(run.path), "--dataset", "mnist-5k"]) == 2
     assert main(["run", "--resume", str(run.path), "--set", "dpsgd.physical_batch_size=4",

@@ -106,9 +106,9 @@ def finished_on_two_processes(args: list[str], out: Path) -> Path:
     return run
 
 
-def assert_ledger_is_the_one_process_plan(two: Path) -> None:
-    """A one-process run's ledger is its plan, event for event (the release checks it, every method's own
-    tests run it): the two-process ledger must be that plan too."""
+def assert_ledger_is_the_plan(two: Path) -> None:
+    """The two-process run's ledger is its plan, event for event, as a one-process run's is (the release checks
+    that, every method's own tests run it), and its ε the plan's."""
     config = RunDirectory.open(two).config()
     plan = plan_budget_for(config, dataset_from_config(config).info)
     assert PrivacyLedger.load(two / "ledger.json").stages() == plan.stages
@@ -122,16 +122,16 @@ def assert_ledger_is_the_one_process_plan(two: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_on_two_processes_with_the_one_process_ledger(tmp_path, method):
-    assert_ledger_is_the_one_process_plan(finished_on_two_processes(METHODS[method], tmp_path / "two"))
+def test_every_method_runs_on_two_processes_with_the_ledger_of_its_plan(tmp_path, method):
+    assert_ledger_is_the_plan(finished_on_two_processes(METHODS[method], tmp_path / "two"))
 
 
 @pytest.mark.slow
 def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_path):
-    """DPDM's two-process run is also the one that shows its ledger is the one-process plan."""
+    """DPDM's two-process run is also the one that shows its ledger is its plan."""
     dpdm = ["dpdm", *DPDM, *_set("dpsgd.epochs=0.5", "privacy.accountant=rdp")]  # 11 steps, checkpoints at 5, 10
     clean = finished_on_two_processes(dpdm, tmp_path / "clean")
-    assert_ledger_is_the_one_process_plan(clean)
+    assert_ledger_is_the_plan(clean)
     crash = subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *_processes(dpdm, tmp_path / "crash")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})

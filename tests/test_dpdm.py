@@ -39,16 +39,25 @@ TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
 RDP = ["--set", "privacy.accountant=rdp"]  # where the accountant is not under test: RDP calibrates 4x faster
 
 
-def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """A tiny DPDM run that releases and evaluates (its ledgers in its own folder), and what it printed."""
+    root = tmp_path_factory.mktemp("evaluated")
     evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=30", "evaluation.num_real=30",
                   "evaluation.classifiers=[cnn]", "evaluation.classifier_epochs=2", "evaluation.classifier_seeds=1",
                   "evaluation.kid_subsets=5",
-                  "evaluation.kid_subset_size=10", f"evaluation.cache_dir={tmp_path / 'cache'}"]
-    done = dpsynth_main("run", "dpdm", *TINY, *[arg for pair in [*evaluation, f"run.out_dir={tmp_path}"]
-                                                for arg in ("--set", pair)])
+                  "evaluation.kid_subset_size=10", f"evaluation.cache_dir={root / 'cache'}"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DPSYNTH_LEDGER_DIR", str(root / "evaluation-ledgers"))
+        patch.setenv("DPSYNTH_RELEASES", str(root / "releases.json"))
+        done = dpsynth_main("run", "dpdm", *TINY, *[arg for pair in [*evaluation, f"run.out_dir={root}"]
+                                                    for arg in ("--set", pair)])
     assert done.code == 0, done.err
-    run, printed = run_directory(done.out), done.out
-    assert "FID " in printed and "[30 synthetic vs 30 real (train split)]" in printed and "accuracy  cnn" in printed
+    return SimpleNamespace(run=run_directory(done.out), printed=done.out)
+
+
+def test_dpdm_releases_within_its_budget_the_steps_its_ledger_holds(evaluated):
+    run = evaluated.run
     report = json.loads((run / "release" / "privacy.json").read_text())
     assert report["epsilon"] <= 8.0 and report["target_epsilon"] == 8.0
     (stage,) = report["stages"]
@@ -59,6 +68,13 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
         assert release["images"].shape == (30, 1, 8, 8) and release["images"].dtype == np.uint8
         assert sorted(set(release["labels"].tolist())) == list(range(10))
     assert (run / "release" / "samples.png").exists() and (run / "config.yaml").exists()
+    assert "evaluation" not in report  # the evaluation writes nothing into release/
+
+
+def test_dpdm_is_evaluated_on_the_fast_inception_path_it_chose_with_its_selection_charged(evaluated):
+    run = evaluated.run
+    assert "FID " in evaluated.printed and "[30 synthetic vs 30 real (train split)]" in evaluated.printed
+    assert "accuracy  cnn" in evaluated.printed
     metrics = json.loads((run / "metrics.json").read_text())
     fast = yaml.safe_load((run / "config.yaml").read_text())["hardware"]["choices"]["evaluation.fast_inception"]
     assert fast == {"value": False, "why": "auto: fp32 (bf16 features moved FID by more than two draws of one model "
@@ -66,11 +82,14 @@ def test_dpdm_run_releases_within_budget_then_evaluates(tmp_path):
     assert metrics["images"] == {"synthetic": 30, "real": 30, "real_split": "train", "inception_path": "fp32-fused",
                                  "inception": "uint8-gray3-bilinear299-div128m1-fused"}
     assert metrics["fid"] > 0 and 0 <= metrics["precision"] <= 1 and 0 <= metrics["accuracy"]["cnn"]["test_accuracy"]
-    assert "evaluation" not in report  # the evaluation writes nothing into release/
     assert metrics["evaluation_privacy"]["stages"][0]["name"] == "model-selection"
     assert metrics["evaluation_privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_dpdm_report_is_rewritten_with_the_evaluation(evaluated):
+    run = evaluated.run
     assert (run / "nearest_neighbours.png").exists() and (run / "training_curves.png").exists()
-    shown = assert_report_matches(run)  # rewritten after the evaluation
+    shown = assert_report_matches(run)
     assert [image["alt"] for image in shown["images"]][-2:] == [
         "synthetic images above their nearest real training images", "training curves"]
     assert "30 synthetic vs 30 real (train split)" in shown["text"] and "Not evaluated yet" not in shown["text"]

@@ -11,11 +11,11 @@ from scipy import linalg
 
 from dpsynth.cli import main
 from dpsynth.config import BASE_CONFIG
-from dpsynth.data import ImageSet, load_dataset
+from dpsynth.data import load_dataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.evaluation import InceptionFeatures, Moments, fid, fid_infinity, kid, precision_recall
 from dpsynth.evaluation.cache import FeatureCache
-from dpsynth.evaluation.downstream import TrainingSettings, correct_count, correct_predictions, train_epochs
+from dpsynth.evaluation.downstream import TrainingSettings, correct_predictions, train_epochs
 from dpsynth.evaluation.evaluate import EvaluationSettings
 from dpsynth.evaluation.fidelity import feature_fid
 from dpsynth.evaluation.inception import chosen_path, preprocess
@@ -227,20 +227,6 @@ def test_classifier_augment_trains_on_shifted_images_and_must_be_a_bool(digits):
 def test_fast_inception_must_be_auto_true_or_false_when_the_settings_are_read():
     with pytest.raises(ConfigError, match="evaluation.fast_inception must be auto, true or false, got 'fast'"):
         EvaluationSettings.from_config({**BASE_CONFIG["evaluation"], "fast_inception": "fast"})
-
-
-@pytest.mark.slow
-def test_cnn_trained_as_the_evaluation_trains_it_on_5k_real_fashion_mnist_reaches_87_percent():
-    """The evaluation's recipe (10 epochs on a release of 5,000) on 5,000 real images: 87.8 % measured."""
-    dataset = load_dataset("fashion-mnist")
-    train = ImageSet(dataset.train.images[:5000], dataset.train.labels[:5000])
-    torch.manual_seed(0)
-    model = build_classifier("cnn", 1, 10)
-    settings = TrainingSettings(epochs=10, batch_size=128, lr=3e-3)
-    train_epochs(model, train.images, train.labels, settings, torch.device("cpu"), torch.Generator().manual_seed(0),
-                 lambda trained: None, "cnn")
-    accuracy = correct_count(model, dataset.test.images, dataset.test.labels, torch.device("cpu")) / len(dataset.test)
-    assert accuracy >= 0.87
 
 
 def test_evaluate_an_npz_from_the_command_line(tmp_path, digits, capsys, evaluation_ledgers):

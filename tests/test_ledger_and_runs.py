@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import torch
 from conftest import kill_after_recorded_steps, secret_stream
 
 from dpsynth.api import resolve_config
+from dpsynth.doctor import COMMON
 from dpsynth.errors import DpsynthError, PrivacyError
+from dpsynth.methods import METHODS
+from dpsynth.pipeline import start
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,
@@ -176,3 +180,15 @@ def test_class_grid_puts_each_class_on_its_row():
     assert grid.shape == (3 * 5 + 1, 2 * 5 + 1, 1)
     assert grid[1, 1, 0] == 0 and grid[6, 1, 0] == 10 and grid[11, 1, 0] == 20 and grid[11, 6, 0] == 20
     assert grid[1, 6, 0] == 255  # class 0 has one image: the second cell stays blank
+
+
+def test_a_run_through_the_api_prints_nothing_and_tells_its_events_to_the_dpsynth_logger(tmp_path, capsys, caplog):
+    config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
+                            overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
+    with caplog.at_level(logging.INFO, logger="dpsynth"):
+        run = start(config)
+    assert capsys.readouterr().out == ""
+    told = {record.event: record for record in caplog.records if record.name == "dpsynth"}
+    assert {"run directory", "unit of privacy", "released"} <= set(told)
+    assert told["run directory"].fields["path"] == str(run.path)
+    assert told["released"].fields["epsilon"] == json.loads(run.file("release/privacy.json").read_text())["epsilon"]

@@ -17,7 +17,7 @@ from conftest import idx_bytes, secret_stream, write_idx_set
 from test_holder import MERF, write_patients
 from torch import nn
 
-from dpsynth.api import SHAPE_STAGE, dataset_from_config, plan_budget_for, planned_config, resolve_config
+from dpsynth.api import dataset_from_config, plan_budget_for, planned_config, resolve_config
 from dpsynth.audit import AUDITS
 from dpsynth.autoplan.plan import plan_inputs
 from dpsynth.cli import main
@@ -38,6 +38,7 @@ from dpsynth.privacy import (
     SubsampledGaussianMechanism,
     check_within_plan,
 )
+from dpsynth.privacy.dataset_facts import SHAPE
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings, clipped_sum
 from dpsynth.privacy.mechanisms import poisson_sample
 from dpsynth.privacy.randomness import SecretStream, derived_key, secret_generator, stream_key
@@ -201,7 +202,7 @@ def test_a_run_that_trained_at_the_exact_images_shape_is_not_resumed_and_a_fresh
     fresh = RunDirectory.create(config)  # as a bench cell starts: nothing drawn, nothing run
     resume(str(fresh.path))
     assert fresh.config()["privacy"]["noisy_shape"] is not None
-    assert SHAPE_STAGE in PrivacyLedger.load(fresh.file("ledger.json")).stages()
+    assert SHAPE.stage in PrivacyLedger.load(fresh.file("ledger.json")).stages()
     old = RunDirectory.create(config)  # as a run of a dpsynth before the vote: trained at the exact shape
     old.file("checkpoint.pt").write_bytes(b"")
     with pytest.raises(DpsynthError, match="shape its exact images chose.*start it again"):

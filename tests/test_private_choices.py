@@ -14,18 +14,11 @@ from conftest import absolute_paths, dpsynth_main, write_idx_set
 from PIL import Image
 
 from dpsynth.api import (
-    SHAPE_NOISE,
-    SHAPE_STAGE,
-    SIZE_NOISE,
-    SIZE_STAGE,
     dataset_from_config,
-    least_total,
-    noisy_total,
     plan_privacy,
     planned_config,
     resolve_config,
     resolve_delta,
-    with_noisy_shape,
     with_public_size,
 )
 from dpsynth.config import set_value
@@ -37,6 +30,7 @@ from dpsynth.errors import ConfigError, PrivacyWarning
 from dpsynth.methods import METHODS
 from dpsynth.pipeline import start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
+from dpsynth.privacy.dataset_facts import SHAPE, SIZE, least_total, noisy_total, with_noisy_shape
 from dpsynth.privacy.mechanisms import noisy_count
 from dpsynth.privacy.randomness import SecretStream, stream_key
 
@@ -125,18 +119,18 @@ def test_neighbouring_folders_both_pay_for_their_shape_and_a_declared_one_pays_n
     for folder in ("less", "more"):
         run = folder_run(tmp_path, folder, "dataset.resolution=28")  # the channels alone are voted on: cheap runs
         report = json.loads(run.file("release/privacy.json").read_text())
-        assert report["stages"][0]["name"] == SHAPE_STAGE
-        assert report["stages"][0]["mechanisms"][0]["noise_multiplier"] == SHAPE_NOISE
-        assert PrivacyLedger.load(run.file("ledger.json")).stages()[SHAPE_STAGE] == [GaussianMechanism(SHAPE_NOISE)]
+        assert report["stages"][0]["name"] == SHAPE.stage
+        assert report["stages"][0]["mechanisms"][0]["noise_multiplier"] == SHAPE.noise
+        assert PrivacyLedger.load(run.file("ledger.json")).stages()[SHAPE.stage] == [GaussianMechanism(SHAPE.noise)]
         channels, side = run.config()["privacy"]["noisy_shape"]
         with np.load(run.file("release/synthetic.npz")) as release:
             assert release["images"].shape[1:] == (channels, side, side)
         assert run.config()["dataset"]["channels"] == "auto" and side == 28  # the draw kept apart from the setting
-        assert f"x 28 x 28): a noisy vote of the images, released as the stage {SHAPE_STAGE}" in \
+        assert f"x 28 x 28): a noisy vote of the images, released as the stage {SHAPE.stage}" in \
             run.file("release/README.md").read_text()
     declared = folder_run(tmp_path, "more", "dataset.resolution=28", "dataset.channels=1")
     report = json.loads(declared.file("release/privacy.json").read_text())
-    assert SHAPE_STAGE not in [stage["name"] for stage in report["stages"]]
+    assert SHAPE.stage not in [stage["name"] for stage in report["stages"]]
     assert declared.config()["privacy"]["noisy_shape"] is None
     assert "(1 x 28 x 28): declared by the data holder" in declared.file("release/README.md").read_text()
 
@@ -150,10 +144,10 @@ def test_data_info_and_the_plan_say_how_a_folders_shape_is_chosen(tmp_path):
     assert "decided:  as declared (dataset.resolution, dataset.channels): public, no epsilon spent" in done.out
     done = dpsynth_main("privacy", "dp-merf", "--dataset", "folder", "--data-dir", str(tmp_path), "--epsilon", "5",
                         "--preset", "cpu")
-    assert done.code == 0 and re.search(rf"^{SHAPE_STAGE}\s+gaussian\s+{SHAPE_NOISE:.4f}", done.out, re.MULTILINE)
+    assert done.code == 0 and re.search(rf"^{SHAPE.stage}\s+gaussian\s+{SHAPE.noise:.4f}", done.out, re.MULTILINE)
     done = dpsynth_main("privacy", "dp-merf", "--dataset", "folder", "--data-dir", str(tmp_path), "--epsilon", "5",
                         "--preset", "cpu", "--set", "dataset.resolution=32", "--set", "dataset.channels=1")
-    assert done.code == 0 and SHAPE_STAGE not in done.out
+    assert done.code == 0 and SHAPE.stage not in done.out
 
 
 def test_two_npz_files_that_differ_by_a_group_have_one_shape_and_no_shape_stage(tmp_path):
@@ -165,7 +159,7 @@ def test_two_npz_files_that_differ_by_a_group_have_one_shape_and_no_shape_stage(
     shapes = {name: load_dataset("npz", tmp_path / f"{name}.npz").info.shape for name in ("all", "less")}
     assert shapes == {"all": (1, 12, 12), "less": (1, 12, 12)}
     config = resolve_config("dp-merf", dataset="npz", data_dir=str(tmp_path / "less.npz"), epsilon=5.0)
-    assert SHAPE_STAGE not in [stage["name"] for stage in
+    assert SHAPE.stage not in [stage["name"] for stage in
                                plan_privacy(config, dataset_from_config(config).info)["stages"]]
 
 
@@ -185,7 +179,7 @@ def test_a_standard_set_one_image_short_follows_the_published_rule(tmp_path):
             "or declare its size (privacy.dataset_size=N)"])
         assert (info.size_rule, info.num_train) == ("published", 55_000)
         plans[name] = plan_privacy(config, info)
-    assert plans["full"] == plans["short"] and SIZE_STAGE not in [stage["name"] for stage in plans["short"]["stages"]]
+    assert plans["full"] == plans["short"] and SIZE.stage not in [stage["name"] for stage in plans["short"]["stages"]]
 
 
 @pytest.mark.parametrize("key, value", [("privacy.noisy_dataset_size", 1797), ("privacy.noisy_shape", [1, 28])])
@@ -227,7 +221,7 @@ def test_a_noisy_count_over_groups_counts_groups(tmp_path):
     config = resolve_config("dp-merf", dataset="npz", data_dir=small_npz(tmp_path, groups), epsilon=5.0)
     dataset = dataset_from_config(config)
     for seed in range(5):
-        expected = max(noisy_count(30, SIZE_NOISE, SecretStream(stream_key(seed, SIZE_STAGE))), 2)
+        expected = max(noisy_count(30, SIZE.noise, SecretStream(stream_key(seed, SIZE.stage))), 2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PrivacyWarning)  # a draw below 2 is raised, with a warning
             assert noisy_total(dataset, seeded(config, seed)) == expected

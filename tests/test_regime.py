@@ -183,14 +183,8 @@ def people(path: Path, persons: int) -> Path:
 
 
 def test_a_persons_share_of_a_step_is_priced_by_a_noisy_mean_of_their_images(tmp_path):
-    from dpsynth.api import (
-        IMAGES_STAGE,
-        dataset_from_config,
-        dataset_stages,
-        noisy_images_per_group,
-        plan_budget_for,
-        planned_config,
-    )
+    from dpsynth.api import dataset_from_config, dataset_stages, plan_budget_for, planned_config
+    from dpsynth.privacy.dataset_facts import IMAGES_PER_GROUP, noisy_images_per_group
 
     config = resolve_config("dpdm", dataset="npz", data_dir=str(people(tmp_path / "many.npz", 4000)),
                             overrides=["privacy.dataset_size=4000"])
@@ -201,7 +195,7 @@ def test_a_persons_share_of_a_step_is_priced_by_a_noisy_mean_of_their_images(tmp
     planned, dataset = planned_config(config, dataset_from_config(config), torch.device("cpu"), draw_size=True)
     price = planned["privacy"]["noisy_images_per_group"]
     assert 1.0 <= price <= 16.0 and any("noisy mean of their images" in line for line in planned["plan"]["decisions"])
-    assert IMAGES_STAGE in plan_budget_for(planned, dataset.info).stages  # paid for in the ledger's plan
+    assert IMAGES_PER_GROUP.stage in plan_budget_for(planned, dataset.info).stages  # paid for in the ledger's plan
     capped = resolve_config("dpdm", dataset="npz", data_dir=str(tmp_path / "few.npz"),
                             overrides=["privacy.dataset_size=300", "privacy.max_images_per_group=5"])
-    assert IMAGES_STAGE not in [stage.name for stage in dataset_stages(capped, dataset.info)]  # a declared cap
+    assert IMAGES_PER_GROUP.stage not in [stage.name for stage in dataset_stages(capped, dataset.info)]  # declared cap

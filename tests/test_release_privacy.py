@@ -12,21 +12,22 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import secret_stream
+from conftest import secret_stream, stopped_smoke_run
 from torch import nn
 
 from dpsynth import __version__
-from dpsynth.api import SIZE_NOISE, SIZE_STAGE, dataset_from_config, plan_privacy, resolve_config, synthetic_dataset
+from dpsynth.api import dataset_from_config, plan_privacy, resolve_config, synthetic_dataset
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import FINGERPRINTS, load_fingerprints
-from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.doctor import COMMON
 from dpsynth.errors import DataError, DpsynthError, PrivacyWarning
 from dpsynth.evaluation import selection_ledger
 from dpsynth.methods import METHODS
 from dpsynth.methods.dp_merf import DPMERF
-from dpsynth.pipeline import execute, resume, start
+from dpsynth.pipeline import resume, start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger, ReportNoisyMax, default_delta
+from dpsynth.privacy.dataset_facts import SIZE
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import release_gaussian
 from dpsynth.privacy.per_example import BatchedGradients, unsupported
@@ -102,18 +103,18 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
     report = json.loads(published.file("release/privacy.json").read_text())
     assert (report["neighbouring"], report["dataset_size_rule"], report["dataset_size"]) == ("add-remove",
                                                                                              "published", 1437)
-    assert SIZE_STAGE not in [stage["name"] for stage in report["stages"]]
+    assert SIZE.stage not in [stage["name"] for stage in report["stages"]]
 
     with pytest.warns(PrivacyWarning):  # a seeded run, so that its noisy count is known to differ from the truth
         own = tiny_run(tmp_path, "npz", own_npz, "run.seed=1")
     report = json.loads(own.file("release/privacy.json").read_text())
     exact = load_dataset("npz", own_npz).info.split_sizes["train"]
     noisy_total = own.config()["privacy"]["noisy_dataset_size"]
-    assert abs(noisy_total - 1797) < 6 * SIZE_NOISE and noisy_total != 1797
+    assert abs(noisy_total - 1797) < 6 * SIZE.noise and noisy_total != 1797
     assert report["dataset_size_rule"] == "noisy" and report["dataset_size"] == noisy_total - 2 * round(
         0.1 * noisy_total)
-    assert report["stages"][0]["name"] == SIZE_STAGE
-    assert report["stages"][0]["mechanisms"][0]["noise_multiplier"] == SIZE_NOISE
+    assert report["stages"][0]["name"] == SIZE.stage
+    assert report["stages"][0]["mechanisms"][0]["noise_multiplier"] == SIZE.noise
     assert report["delta"] == pytest.approx(default_delta(report["dataset_size"]))  # delta from the public size
     sample_rate = report["stages"][1]["mechanisms"][0]["sample_rate"]
     assert sample_rate == 1.0  # DP-MERF's one release: no size in it either
@@ -123,13 +124,13 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
     assert f"{report['dataset_size']:,}" in sheet  # the datasheet names the public size ...
     assert not {exact, 1797} & {int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", sheet)}  # ... only
     ledger = PrivacyLedger.load(own.file("ledger.json"))
-    assert ledger.stages()[SIZE_STAGE] == [GaussianMechanism(SIZE_NOISE)]
+    assert ledger.stages()[SIZE.stage] == [GaussianMechanism(SIZE.noise)]
 
     declared = tiny_run(tmp_path, "npz", own_npz, "privacy.dataset_size=1800", "dataset.title=Digits of 2026",
                         "dataset.description=Scanned by the clinic; for training triage models.")
     report = json.loads(declared.file("release/privacy.json").read_text())
     assert (report["dataset_size_rule"], report["dataset_size"]) == ("declared", 1800 - 180 - 180)
-    assert SIZE_STAGE not in [stage["name"] for stage in report["stages"]]
+    assert SIZE.stage not in [stage["name"] for stage in report["stages"]]
     sheet = declared.file("release/README.md").read_text()
     assert sheet.startswith("# Digits of 2026\n\nScanned by the clinic; for training triage models.\n")
     assert f"at most e^ε = {math.exp(report['epsilon']):,.0f} times" in sheet
@@ -147,7 +148,7 @@ def test_a_plan_for_own_data_samples_at_the_public_rate_and_its_noisy_size_costs
     (declared,) = plan_privacy(config, dataset_from_config(config).info)["stages"]
     config["privacy"]["dataset_size"] = "auto"  # not public: a noisy count, planned at the exact size until drawn
     size, noisy = plan_privacy(config, dataset_from_config(config).info)["stages"]
-    assert size["name"] == SIZE_STAGE and size["mechanisms"][0]["noise_multiplier"] == SIZE_NOISE
+    assert size["name"] == SIZE.stage and size["mechanisms"][0]["noise_multiplier"] == SIZE.noise
     sigma, sigma_declared = noisy["mechanisms"][0]["noise_multiplier"], declared["mechanisms"][0]["noise_multiplier"]
     assert sigma_declared < sigma < 1.003 * sigma_declared  # measured: 1.8957 -> 1.8987 at epsilon = 1
 
@@ -238,11 +239,7 @@ def test_released_counts_are_whole_numbers_a_neighbour_can_always_reach():
 
 
 def test_a_release_strips_the_noise_key_and_a_resume_refuses_an_edited_config(tmp_path):
-    config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
-                            overrides=[*MERF, f"run.out_dir={tmp_path}"])
-    run = RunDirectory.create(config)
-    with pytest.raises(_Interrupted):
-        execute(_CrashAfterCheckpoint(run.path))
+    run = stopped_smoke_run("dp-merf", tmp_path)
     saved = torch.load(run.file("checkpoint.pt"), weights_only=True)
     assert len(bytes.fromhex(saved["state"]["rng"]["noise"]["key"])) == 32  # resumable: the key is there
     edited = yaml.safe_load(run.file("config.yaml").read_text())

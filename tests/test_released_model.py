@@ -3,26 +3,30 @@ or a fresh process to draw the same images again or any number more, holding not
 generator refuse the option before they run."""
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from conftest import dpsynth_main
+from conftest import dpsynth_main, stopped_smoke_run
+from PIL import Image
 from safetensors.torch import load_file
 
 from dpsynth.api import load_generator, resolve_config
 from dpsynth.config import SamplingSettings
-from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyWarning
+from dpsynth.export import class_folders
 from dpsynth.generators import DiffusionGenerator, LatentDiffusionGenerator, OneStepGenerator
 from dpsynth.methods import METHODS
 from dpsynth.methods.base import Method
-from dpsynth.pipeline import execute, start
+from dpsynth.pipeline import start
 from dpsynth.privacy.randomness import secret_generator, stream_key
 from dpsynth.runs import RunDirectory
 from dpsynth.utils.images import to_uint8
@@ -85,6 +89,12 @@ def test_the_released_model_draws_the_release_again_and_holds_only_its_weights(t
     assert card["class_names"] == [str(digit) for digit in range(10)] and "init_from" not in json.dumps(card)
     datasheet = (release / "README.md").read_text()
     assert "## The model" in datasheet and f"(ε, δ) = ({report['epsilon']:.4f}" in datasheet
+    exported = dpsynth_main("export", str(run.path), "--format", "diffusers", "--out", str(tmp_path / "diffusers"))
+    if kind is DiffusionGenerator:
+        assert exported.code == 0 and (tmp_path / "diffusers" / "unet" / "config.json").is_file()
+    else:
+        assert exported.code == 2 and "a diffusers folder holds a pixel diffusion model" in exported.err
+        assert not (tmp_path / "diffusers").exists()
 
 
 def test_a_generator_draws_counts_labels_and_classes_as_asked(dpdm_run):
@@ -141,11 +151,7 @@ def test_dpsynth_sample_draws_in_a_fresh_process_and_refuses_what_it_must_not_wr
 
 
 def test_a_stopped_run_may_resume_to_release_its_model(tmp_path):
-    config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
-                            overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
-    run = RunDirectory.create(config)
-    with pytest.raises(_Interrupted):
-        execute(_CrashAfterCheckpoint(run.path))
+    run = stopped_smoke_run("dp-merf", tmp_path)
     assert dpsynth_main("run", "--resume", str(run.path), "--release-model").code == 0
     assert run.config()["release"]["model"] is True
     assert load_generator(run.path, "cpu").sample(3).images.shape == (3, 1, 8, 8)
@@ -162,7 +168,61 @@ def test_a_model_that_is_not_the_released_one_is_refused(dpdm_run, tmp_path):
                                            "guarantee covers a model that differs"):
         load_generator(copy, "cpu")
     (copy / "privacy.json").unlink()
-    with pytest.raises(DpsynthError, match="privacy.json: a released model is loaded from its release folder"):
+    with pytest.raises(DpsynthError, match="privacy.json: a released model is read from its release folder"):
         load_generator(copy, "cpu")
     with pytest.raises(DpsynthError, match="no released model .* --release-model"):
         load_generator(tmp_path, "cpu")
+
+
+def test_a_released_diffusion_model_exported_for_diffusers_samples_as_the_run_did_with_diffusers_alone(dpdm_run,
+                                                                                                       tmp_path):
+    out = tmp_path / "diffusers"
+    assert dpsynth_main("export", str(dpdm_run.path), "--format", "diffusers", "--out", str(out)).code == 0
+    sampling = json.loads((out / "sampling.json").read_text())
+    unet = diffusers.UNet2DModel.from_pretrained(out / "unet").eval()
+    scheduler_class = json.loads((out / "scheduler" / "scheduler_config.json").read_text())["_class_name"]
+    scheduler = getattr(diffusers, scheduler_class).from_pretrained(out / "scheduler")
+    scheduler.set_timesteps(sampling["sample_steps"])
+    labels, null = torch.tensor([0, 3, 7, 9]), torch.full((4,), sampling["null_class"])
+    low, high = sampling["guidance_interval"]
+    x = torch.randn((4, *sampling["image_shape"]), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            weight = sampling["guidance"] if low <= int(t) / sampling["timesteps"] <= high else 0.0
+            conditional = unet(x, t, class_labels=labels).sample
+            out_t = conditional if not weight else \
+                unet(x, t, class_labels=null).sample * -weight + conditional * (1 + weight)
+            x = scheduler.step(out_t, t, x).prev_sample
+    alone = ((x + 1) / 2).clamp(0, 1)
+    generator = load_generator(dpdm_run.path, "cpu")
+    settings = generator.diffusion_settings
+    expected = generator.diffusion.sample(generator.module, labels, generator.shape, sampling["null_class"],
+                                          settings.sample_steps, settings.guidance, torch.Generator().manual_seed(0),
+                                          settings.sampler, guidance_interval=settings.guidance_interval)
+    assert torch.allclose(alone, expected, atol=1e-4)
+    assert sampling["class_names"] == generator.class_names
+    release = dpdm_run.file("release")
+    assert (out / "privacy.json").read_bytes() == (release / "privacy.json").read_bytes()
+    record = json.loads((out / "export.json").read_text())
+    assert record["made_from_sha256"] == json.loads((release / "privacy.json").read_text())["release_files"][
+        "model.safetensors"]
+
+
+def test_a_release_exports_as_an_image_folder_of_its_images_and_labels(dpdm_run, tmp_path):
+    out = tmp_path / "images"
+    assert dpsynth_main("export", str(dpdm_run.file("release")), "--format", "imagefolder", "--out", str(out)).code == 0
+    released = np.load(dpdm_run.file("release") / "synthetic.npz")
+    rows = list(csv.DictReader((out / "labels.csv").open()))
+    assert [int(row["label"]) for row in rows] == released["labels"].tolist()
+    for row, image in zip(rows[:5], released["images"], strict=False):
+        assert row["file"].split("/")[0] == row["class_name"] == str(row["label"])
+        assert np.array_equal(np.array(Image.open(out / row["file"])), image[0])  # grey 8 x 8, as released
+    assert sorted(path.name for path in out.iterdir()) == [*(str(digit) for digit in range(10)), "README.md",
+                                                           "export.json", "labels.csv", "privacy.json"]
+    again = dpsynth_main("export", str(dpdm_run.path), "--format", "imagefolder", "--out", str(out))
+    assert again.code == 2 and "already exists and is not an empty folder" in again.err
+    inside = dpsynth_main("export", str(dpdm_run.path), "--format", "imagefolder", "--out",
+                          str(dpdm_run.file("release") / "x"))
+    assert inside.code == 2 and "inside a run's release/ folder" in inside.err
+    assert class_folders(["T-shirt/top", "", "a", "a", ".hidden"]) == ["T-shirt-top", "class_1", "class_2", "class_3",
+                                                                       "class_4"]

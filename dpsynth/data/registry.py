@@ -13,6 +13,7 @@ from ..errors import DataError
 from ..utils.images import as_floats, convert_images
 from .base import Dataset, DatasetInfo, ImageSet, RawDataset, to_image_set
 from .folder import ShapeVotes, folder_votes, load_folder
+from .memory import load_memory
 from .pixels import Window
 from .sources import (
     AUTO,
@@ -72,6 +73,8 @@ DATASETS: dict[str, DatasetSource] = {
                       "--data-dir", load_folder, 0.1, 0.1, shape_votes=folder_votes),
         DatasetSource("npz", "arrays 'images' and 'labels' in an .npz file",
                       "--data-dir FILE.npz", load_npz, 0.1, 0.1),
+        DatasetSource("memory", "arrays held in memory by the Python API (dpsynth.Synthesizer.fit)",
+                      "Synthesizer.fit(images, labels)", load_memory, 0.1, 0.1),
     )
 }
 

@@ -251,7 +251,9 @@ def load_cifar10(options: LoadOptions) -> RawDataset:
     return RawDataset(images, labels, CIFAR10_CLASSES, str(directory), test_images, test_labels)
 
 
-def _npz_images(images: np.ndarray, path: Path) -> np.ndarray:
+def checked_image_array(images: np.ndarray, path: Path | str) -> np.ndarray:
+    """``images`` as uint8 N x C x H x W (from N x H x W x C or N x H x W; floats in [0, 1] rounded to 255 levels);
+    DataError naming ``path`` (a file, or an argument) otherwise."""
     if images.ndim == 3:
         images = images[:, None]
     if images.ndim != 4:
@@ -287,7 +289,7 @@ def load_npz(options: LoadOptions) -> RawDataset:
     labels = arrays["labels"]
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"{path}: 'labels' must be a 1-D integer array, found {labels.dtype} {labels.shape}")
-    images = _npz_images(arrays["images"], path)
+    images = checked_image_array(arrays["images"], path)
     if "class_names" in arrays:
         class_names = [str(name) for name in arrays["class_names"]]
     elif options.num_classes is not None:

@@ -19,6 +19,7 @@ from ..privacy.progress import PrivacyProgress
 from ..privacy.randomness import SecretStream
 from ..runs import Checkpoint, RunDirectory
 from ..utils.images import class_grid, save_png, to_uint8
+from ..utils.messages import tell
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -185,8 +186,8 @@ class RunContext:
         self.stopped[stage] = {"steps": step, "planned": planned}
         self.log("stopped by run.time_limit", stage=stage, steps=step, planned=planned)
         if self.world.is_main:
-            print(f"run.time_limit: training of {stage} stopped after {step:,} of {planned:,} steps; the run "
-                  "releases what it trained, at the ε of the steps that ran", flush=True)
+            tell("stopped by run.time_limit", f"run.time_limit: training of {stage} stopped after {step:,} of "
+                 f"{planned:,} steps; the run releases what it trained, at the ε of the steps that ran", stage=stage)
 
     def log(self, event: str, **fields: Any) -> None:
         if self.world.is_main:

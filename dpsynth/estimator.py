@@ -1,0 +1,96 @@
+"""``dpsynth.Synthesizer``: a method fitted on images held in memory, as scikit-learn fits an estimator.
+
+    synthesizer = Synthesizer("dpdm", epsilon=10, preset="cpu", dpsgd__epochs=2)
+    synthesizer.fit(images, labels, class_names=names)     # arrays or tensors; groups= a person's id per image
+    synthesizer.privacy["epsilon"], synthesizer.sample(100).images, synthesizer.release("shared/", "imagefolder")
+
+A fit is a run like any other (:func:`dpsynth.pipeline.start`): it writes a run directory under ``out_dir``, with
+its ledger, checkpoints, release and privacy.json, and enters the holder's ledger under the SHA-256 of the arrays
+(:mod:`dpsynth.data.memory`). Keyword settings are configuration keys with ``__`` for the dot.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .api import load_generator, resolve_config
+from .config import Config
+from .data.memory import hold_arrays
+from .errors import DpsynthError
+from .evaluation import Release, read_release
+from .export import export_release
+from .generators import Samples
+from .methods import get_method
+from .pipeline import start
+from .runs import PRIVACY, RELEASE, SYNTHETIC, RunDirectory
+
+
+class Synthesizer:
+    """A method (``dpdm``, ``dp-merf``, ...) at a target ``epsilon``, with a ``preset`` (default the method's: a plan
+    derived for this machine) and configuration keys as keyword settings (``dpsgd__lr=1e-3``); ConfigError naming
+    a key that does not exist or a value it cannot take. A method that trains a generator releases it, so that
+    :meth:`sample` draws more, unless ``release__model=False``."""
+
+    def __init__(self, method: str, *, epsilon: float, preset: str | None = None, out_dir: str | Path = "runs",
+                 **settings: Any) -> None:
+        self.method, self.epsilon, self.preset = method, float(epsilon), preset
+        gives_model = get_method(method).no_generator is None
+        self.settings = {"release.model": gives_model, "run.out_dir": str(out_dir),
+                         **{key.replace("__", "."): value for key, value in settings.items()}}
+        self._config("memory:")  # its keys and values checked before any data is handed over
+        self.run: RunDirectory | None = None
+
+    def _config(self, data_dir: str) -> Config:
+        return resolve_config(self.method, dataset="memory", data_dir=data_dir, epsilon=self.epsilon,
+                              preset=self.preset, values=self.settings.items())
+
+    def fit(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
+            num_classes: int | None = None) -> Synthesizer:
+        """Train on ``images`` (N x C x H x W, N x H x W x C or N x H x W; uint8, or floats in [0, 1]; NumPy or torch)
+        with integer ``labels``, optional ``groups`` (a person's id per image: each person is then one record) and
+        the class names (or their number: they are not read from the labels), then release; returns itself."""
+        self.run = start(self._config(hold_arrays(images, labels, groups, class_names, num_classes)))
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        """The fitted run's directory; DpsynthError before :meth:`fit`."""
+        if self.run is None:
+            raise DpsynthError(f"this {self.method} Synthesizer is not fitted yet: call fit(images, labels, ...)")
+        return self.run.path
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """The release's privacy report (privacy.json): its ε and δ from the ledger, each stage's mechanisms."""
+        return json.loads((self.run_dir / PRIVACY).read_text())
+
+    @property
+    def synthetic(self) -> Release:
+        """The released set: uint8 images N x C x H x W, labels (and soft labels), class names."""
+        return read_release(self.run_dir / SYNTHETIC)
+
+    def sample(self, count: int | None = None, labels: Sequence[int] | torch.Tensor | None = None,
+               generator: torch.Generator | None = None, device: str = "auto") -> Samples:
+        """More images from the released model (post-processing: no further ε), as
+        :meth:`dpsynth.generators.Generator.sample` draws them; DpsynthError for a method that releases only images
+        (PE, DP-ImgSyn) or a fit with ``release__model=False``."""
+        reason = get_method(self.method).no_generator
+        if reason is not None:
+            raise DpsynthError(f"{self.method} releases a set of images, not a model ({reason}); .synthetic holds it")
+        return load_generator(self.run_dir, device).sample(count, labels, generator)
+
+    def release(self, directory: str | Path, format: str | None = None) -> Path:
+        """Write the release to the new folder ``directory``: as released (privacy.json, synthetic.npz, the datasheet,
+        the model), or exported (``imagefolder``, ``diffusers``: :func:`dpsynth.export.export_release`)."""
+        if format is not None:
+            return export_release(self.run_dir, directory, format)
+        directory = Path(directory)
+        if directory.exists():
+            raise DpsynthError(f"{directory}: already exists; release writes a new folder")
+        shutil.copytree(self.run_dir / RELEASE, directory)
+        return directory

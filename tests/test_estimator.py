@@ -1,0 +1,63 @@
+"""``dpsynth.Synthesizer``: a method fitted on arrays held in memory, with the guarantee of the command line's run of
+the same data and settings."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import dpsynth_main
+from sklearn.datasets import load_digits
+
+import dpsynth
+from dpsynth.config import parse_overrides
+from dpsynth.doctor import COMMON
+from dpsynth.errors import ConfigError, DataError, DpsynthError, PrivacyWarning
+from dpsynth.methods import METHODS
+
+SETTINGS = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", "run.seed=3"]
+NAMES = [str(digit) for digit in range(10)]
+
+
+def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_same_command_line_run(tmp_path):
+    digits = load_digits()
+    images = torch.from_numpy((digits.images / 16).astype(np.float32))  # N x 8 x 8 floats in [0, 1]
+    labels = torch.from_numpy(digits.target)
+    keywords = {key.replace(".", "__"): value for key, value in parse_overrides(SETTINGS)}
+    synthesizer = dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", out_dir=tmp_path / "api", **keywords)
+    with pytest.warns(PrivacyWarning, match="run.seed"):
+        assert synthesizer.fit(images, labels, class_names=NAMES) is synthesizer
+    np.savez(tmp_path / "digits.npz", images=images.numpy(), labels=labels.numpy(), class_names=np.array(NAMES))
+    done = dpsynth_main("run", "dpdm", "--dataset", "npz", "--data-dir", str(tmp_path / "digits.npz"), "--epsilon",
+                        "5", "--preset", "cpu", *(part for item in SETTINGS for part in ("--set", item)),
+                        "--set", f"run.out_dir={tmp_path / 'cli'}")
+    assert done.code == 0, done.err
+    command_line = json.loads(next((tmp_path / "cli").glob("*/release/privacy.json")).read_text())
+    for key in ("epsilon", "delta", "accountant", "stages", "dataset_size", "dataset_size_rule", "unit"):
+        assert synthesizer.privacy[key] == command_line[key], key
+    assert synthesizer.synthetic.images.shape == (20, 1, 8, 8) and synthesizer.synthetic.class_names == tuple(NAMES)
+    assert synthesizer.sample(3).images.shape == (3, 1, 8, 8)  # the released model, at no further epsilon
+    shared = synthesizer.release(tmp_path / "shared")
+    assert (shared / "privacy.json").read_bytes() == (synthesizer.run_dir / "release" / "privacy.json").read_bytes()
+    assert (synthesizer.release(tmp_path / "png", "imagefolder") / "labels.csv").is_file()
+
+
+def test_a_synthesizer_names_a_bad_setting_or_array_before_it_trains(tmp_path):
+    with pytest.raises(ConfigError, match="dpsgd.lrr"):
+        dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", dpsgd__lrr=0.1)
+    synthesizer = dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", out_dir=tmp_path)
+    with pytest.raises(DpsynthError, match="not fitted yet"):
+        _ = synthesizer.privacy
+    images = np.zeros((30, 8, 8), np.uint8)
+    for labels, names, message in ((np.zeros(29, int), NAMES, r"images \(30\) and labels \(29\) must be as many"),
+                                   (np.zeros(30, int), None, "give class_names"),
+                                   (np.full(30, 10), NAMES, r"labels must lie in 0 \.\. 9"),
+                                   (np.zeros(30), NAMES, "labels must be a 1-D integer array")):
+        with pytest.raises(DataError, match=message):
+            synthesizer.fit(images, labels, class_names=names)
+    with pytest.raises(DataError, match="images: 'images' must have 1 or 3 channels"):
+        synthesizer.fit(np.zeros((30, 5, 8, 8), np.uint8), np.zeros(30, int), class_names=NAMES)
+    assert not list(tmp_path.iterdir())  # nothing was run
+    with pytest.raises(DpsynthError, match="pe releases a set of images, not a model"):
+        dpsynth.Synthesizer("pe", epsilon=5.0, preset="cpu").sample(3)
