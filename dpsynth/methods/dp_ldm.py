@@ -28,14 +28,11 @@ from ..models.autoencoder import (
     load_autoencoder,
     working_side,
 )
-from ..privacy import PlannedStage
 from ..training.autoencoder import AutoencoderTraining, default_autoencoder
 from ..training.context import RunContext
-from ..training.diffusion import SECTIONS, SMOKE_UNET
-from ..training.private import DiffusionDpsgdSection
 from ..training.probes import Probes, timed
 from ..utils.device import pick_device
-from .base import DiffusionMethod, Paper, register
+from .base import Paper, register
 from .dpdm import DPDM, DPSGD_STAGE
 
 
@@ -56,8 +53,8 @@ LATENTS_OF = "latents_of_autoencoder"  # a public latent model's record: the SHA
 
 
 @register
-class DPLDM(DiffusionMethod):
-    """DPDM's DP-SGD on the latent images of a public autoencoder, decoded at release."""
+class DPLDM(DPDM):
+    """DPDM's DP-SGD (its stage and presets) on the latent images of a public autoencoder, decoded at release."""
 
     name = "dp-ldm"
     description = "diffusion model trained with DP-SGD on the latents of a public autoencoder"
@@ -65,22 +62,16 @@ class DPLDM(DiffusionMethod):
                   "DP-LDMs: Differentially Private Latent Diffusion Models",
                   "Transactions on Machine Learning Research (TMLR)", 2024,
                   "https://arxiv.org/abs/2305.15759")
-    dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
-    smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_AUTOENCODER, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
-                                        "dpsgd.checkpoint_every=2")
-    sections = {**SECTIONS, "autoencoder": AutoencoderSettings}
-    presets = DPDM.presets  # DPDM's UNet and DP-SGD, on 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents
+    smoke: ClassVar[tuple[str, ...]] = (*DPDM.smoke, *SMOKE_AUTOENCODER)
+    sections = {**DPDM.sections, "autoencoder": AutoencoderSettings}
+    # DPDM's presets: its UNet and DP-SGD, on 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents
     resume_settings = ("autoencoder.encode_batch",)
     pixel_regime = False  # DP-SGD on latents: the recorded outcomes (pixels) do not bracket it
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.autoencoder_settings = section_settings(AutoencoderSettings, config, "autoencoder")
         self.saved: SavedAutoencoder | None = None
-
-    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
 
     def autoencoder(self, info: DatasetInfo, device: torch.device) -> SavedAutoencoder:
         """The public autoencoder for ``info``'s images (the default one built once into the cache); ConfigError

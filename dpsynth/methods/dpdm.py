@@ -1,7 +1,10 @@
 """DPDM (Dockhorn et al. 2023): a diffusion model trained with DP-SGD; DP-FETA without its warm-up."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
+
+from torch import nn
 
 from ..config import Config, preset_with
 from ..data import DatasetInfo
@@ -18,7 +21,8 @@ PAPER_PRESET = {"privacy": {"accountant": "rdp"}}
 
 @register
 class DPDM(DiffusionMethod):
-    """DP-SGD on a class-conditional diffusion UNet, with noise multiplicity K (K draws of t per example)."""
+    """DP-SGD on a class-conditional diffusion UNet, with noise multiplicity K (K draws of t per example); the template
+    of the methods that warm it up first (:meth:`stages_before_dpsgd`, :meth:`warm_up`)."""
 
     name = "dpdm"
     description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
@@ -35,10 +39,19 @@ class DPDM(DiffusionMethod):
         super().__init__(config)
         self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
 
+    def stages_before_dpsgd(self, info: DatasetInfo) -> list[PlannedStage]:
+        """The mechanisms a variant releases before DP-SGD, for its warm-up: none for DPDM."""
+        return []
+
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+        return [*self.stages_before_dpsgd(info), self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+
+    def warm_up(self, context: RunContext) -> Callable[[nn.Module], None] | None:
+        """What a variant does to the model before DP-SGD, once (a resume of DP-SGD skips it): none for DPDM."""
+        return None
 
     def fit(self, context: RunContext) -> None:
-        """DP-SGD from the (public or fresh) model; its checkpoints carry the stage, so a resume continues it."""
+        """The warm-up (a variant's), then DP-SGD from the (public, warmed-up or fresh) model; its checkpoints carry
+        the stage, so a resume continues it."""
         self.info = context.dataset.info
-        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings)
+        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings, self.warm_up(context))

@@ -19,6 +19,7 @@ histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusi
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import ClassVar
@@ -38,13 +39,12 @@ from ..privacy import GaussianMechanism, PlannedStage
 from ..privacy.semantic_histogram import semantic_histogram
 from ..training.context import RunContext
 from ..training.diffusion import SMOKE_UNET
-from ..training.private import DiffusionDpsgdSection
 from ..training.probes import Probes, classifier_cost
 from ..training.warmup import Warmup, WarmupSettings
 from ..utils.device import to_device
 from ..utils.images import as_floats
-from .base import DiffusionMethod, Paper, register
-from .dpdm import DPDM, DPSGD_STAGE
+from .base import Paper, register
+from .dpdm import DPDM
 
 SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
 CLASSIFIER_PHASE = "public classifier"  # one: its training and its accuracy on the public set
@@ -86,14 +86,13 @@ class PublicPretrainSettings(WarmupSettings):
 
 
 @register
-class PrivImage(DiffusionMethod):
+class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
     name = "privimage"
     smoke = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
              "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
              "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
-    dpsgd_sections = DPDM.dpsgd_sections
     public_sections = ("public_pretrain",)
     probed_keys = ("selection",)
     description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
@@ -116,13 +115,11 @@ class PrivImage(DiffusionMethod):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.selection_settings = section_settings(SelectionSettings, config, "selection")
         self.pretrain_settings = section_settings(PublicPretrainSettings, config, "public_pretrain")
 
-    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier)),
-                self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+    def stages_before_dpsgd(self, info: DatasetInfo) -> list[PlannedStage]:
+        return [PlannedStage(SELECTION_STAGE, GaussianMechanism(self.selection_settings.noise_multiplier))]
 
     def starts_from_public_model(self) -> bool:
         return True  # pre-trained on the public classes its DP histogram picks
@@ -158,11 +155,9 @@ class PrivImage(DiffusionMethod):
         settings = self.selection_settings
         return load_public(settings.public, settings.public_data_dir, info, settings.public_num_images)
 
-    def fit(self, context: RunContext) -> None:
-        """The public pre-training on the selected classes (once), then DPDM's DP-SGD."""
-        self.info = context.dataset.info
-        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
-                                      lambda model: self._pretrain(context, model))
+    def warm_up(self, context: RunContext) -> Callable[[torch.nn.Module], None]:
+        """The public pre-training on the selected classes."""
+        return lambda model: self._pretrain(context, model)
 
     def _pretrain(self, context: RunContext, model: torch.nn.Module) -> None:
         """Select the public classes (or restore the selection) and pre-train on them; the private class rows no

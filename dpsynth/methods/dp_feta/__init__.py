@@ -7,6 +7,7 @@ paper's three-step procedure).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -19,10 +20,9 @@ from ...privacy import PlannedStage
 from ...privacy.central_images import KINDS, CentralQuery, central_images
 from ...training.context import RunContext
 from ...training.diffusion import SMOKE_UNET
-from ...training.private import DiffusionDpsgdSection
 from ...training.warmup import Warmup, WarmupSettings
-from ..base import DiffusionMethod, Paper, register
-from ..dpdm import DPDM, DPSGD_STAGE
+from ..base import Paper, register
+from ..dpdm import DPDM
 
 CENTRAL_IMAGES = "central_images.png"
 CENTRAL_STAGE = "central-images"
@@ -69,13 +69,12 @@ def released_central_images(context: RunContext, settings: CentralSettings, nois
 
 
 @register
-class DPFETA(DiffusionMethod):
+class DPFETA(DPDM):
     """Central images (mean or mode) and an augmented non-private warm-up before DPDM's DP-SGD."""
 
     name = "dp-feta"
     smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, *SMOKE_CENTRAL, "dpsgd.batch_size=64", "dpsgd.epochs=0.1",
                                         "dpsgd.checkpoint_every=2")
-    dpsgd_sections: ClassVar[tuple[str, ...]] = DPDM.dpsgd_sections
     public_sections: ClassVar[tuple[str, ...]] = ("warmup",)
     description = "DP central images warm up a diffusion model, then DP-SGD fine-tuning"
     paper = Paper("Kecen Li, Chen Gong, Xiaochen Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
@@ -94,7 +93,6 @@ class DPFETA(DiffusionMethod):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.central_settings = section_settings(CentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
 
@@ -105,16 +103,13 @@ class DPFETA(DiffusionMethod):
                               "value), got None")
         return noise
 
-    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
+    def stages_before_dpsgd(self, info: DatasetInfo) -> list[PlannedStage]:
         central = [central_stage(self.central_settings, info, self._central_noise())]
-        return (central if self.central_settings.count > 0 else []) + [
-            self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+        return central if self.central_settings.count > 0 else []
 
-    def fit(self, context: RunContext) -> None:
-        """The central images and the warm-up on them (once), then DPDM's DP-SGD."""
-        self.info = context.dataset.info
-        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
-                                      lambda model: self._warm_up(context, model))
+    def warm_up(self, context: RunContext) -> Callable[[torch.nn.Module], None]:
+        """The central images and the warm-up on them."""
+        return lambda model: self._warm_up(context, model)
 
     def _warm_up(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images (or restore them), save their grid, then warm up on them."""

@@ -8,6 +8,7 @@ noisy features (no private data) and its images warm up the diffusion model afte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -26,12 +27,12 @@ from ...training.feature_generator import (
     fitting_probes,
     generated_set,
 )
-from ...training.private import DiffusionDpsgdSection
 from ...training.probes import Probes
 from ...training.warmup import LossFn, Warmup, WarmupSettings
 from ...utils.images import to_uint8
-from ..base import DiffusionMethod, Paper, register
-from ..dp_feta import DPFETA, DPSGD_STAGE, CentralSettings, central_stage, released_central_images
+from ..base import Paper, register
+from ..dp_feta import DPFETA, CentralSettings, central_stage, released_central_images
+from ..dpdm import DPDM
 
 AUXILIARY_IMAGES = "auxiliary_images.png"
 AUXILIARY_PHASE = "auxiliary generator"  # per iteration
@@ -99,14 +100,13 @@ class CurriculumSettings:
 
 
 @register
-class FETAPro(DiffusionMethod):
+class FETAPro(DPDM):
     """Central images and auxiliary-generator images warm up the diffusion model before DP-SGD."""
 
     name = "feta-pro"
     smoke = (*DPFETA.smoke, "frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3",
              "generator.images=40", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=4",
              "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=2", "frequency_warmup.sample_steps=2")
-    dpsgd_sections = DPFETA.dpsgd_sections
     public_sections = ("warmup", "frequency_warmup")
     probed_keys = ("frequency", "generator")
     description = "central images and DP random Fourier features (via an auxiliary generator) warm up, then DP-SGD"
@@ -131,7 +131,6 @@ class FETAPro(DiffusionMethod):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
         self.central_settings = section_settings(NoisyCentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
         self.frequency_settings = section_settings(NoisyFrequencySettings, config, "frequency")
@@ -164,22 +163,19 @@ class FETAPro(DiffusionMethod):
         settings = self.frequency_settings
         return FrequencyQuery(self._noise("frequency", settings.noise_multiplier), settings.count_noise)
 
-    def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        """The central images (unless the curriculum skips them), the frequency features, then DP-SGD."""
+    def stages_before_dpsgd(self, info: DatasetInfo) -> list[PlannedStage]:
+        """The central images (unless the curriculum skips them), then the frequency features."""
         central = [central_stage(self.central_settings, info, self._central_noise())]
         frequency = PlannedStage(FREQUENCY_STAGE, self._frequency_query().events(info.num_classes,
                                                                                   info.unit == "group"))
-        return (central if self._uses_central() else []) + [frequency,
-                                                             self.dpsgd_settings.stage(DPSGD_STAGE, info.num_train)]
+        return (central if self._uses_central() else []) + [frequency]
 
     def warmup_phases(self) -> list[str]:
         return ORDERS[self.order] if self._uses_central() else ["warmup-frequency"]
 
-    def fit(self, context: RunContext) -> None:
-        """The curriculum's warm-ups (once), then DPDM's DP-SGD."""
-        self.info = context.dataset.info
-        self.model = self.trainer.fit(context, DPSGD_STAGE, self.dpsgd_settings,
-                                      lambda model: self._warm_up(context, model))
+    def warm_up(self, context: RunContext) -> Callable[[torch.nn.Module], None]:
+        """The curriculum's warm-ups."""
+        return lambda model: self._warm_up(context, model)
 
     def _warm_up(self, context: RunContext, model: torch.nn.Module) -> None:
         """Release the central images and the frequency features, fit the auxiliary generator, warm up."""
