@@ -27,7 +27,7 @@ from .export import export_release
 from .generators import Samples
 from .methods import get_method
 from .pipeline import start
-from .runs import PRIVACY, RELEASE, SYNTHETIC, RunDirectory
+from .runs import PRIVACY, RELEASE, SYNTHETIC, RunDirectory, inside_release
 
 
 class Synthesizer:
@@ -90,7 +90,8 @@ class Synthesizer:
         if format is not None:
             return export_release(self.run_dir, directory, format)
         directory = Path(directory)
-        if directory.exists():
-            raise DpsynthError(f"{directory}: already exists; release writes a new folder")
+        if directory.exists() or inside_release(directory) is not None:
+            raise DpsynthError(f"{directory}: already exists or lies inside a run's release/ folder; release writes "
+                               "a new folder elsewhere")
         shutil.copytree(self.run_dir / RELEASE, directory)
         return directory

@@ -41,6 +41,8 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
     shared = synthesizer.release(tmp_path / "shared")
     assert (shared / "privacy.json").read_bytes() == (synthesizer.run_dir / "release" / "privacy.json").read_bytes()
     assert (synthesizer.release(tmp_path / "png", "imagefolder") / "labels.csv").is_file()
+    with pytest.raises(DpsynthError, match="lies inside a run's release/ folder"):
+        synthesizer.release(synthesizer.run_dir / "release" / "copy")
 
 
 def test_a_synthesizer_names_a_bad_setting_or_array_before_it_trains(tmp_path):
