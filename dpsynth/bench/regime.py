@@ -17,7 +17,7 @@ import yaml
 from ..api import TRAINING_STAGE
 from ..autoplan.regime import Outcome, Start
 from ..methods import get_method
-from ..runs import REHEARSAL
+from ..runs import PRIVACY, REHEARSAL
 from .frontier import RAN_ON, RELEASED_SHAPE
 
 STAMP = re.compile(r"-(\d{4})(\d{2})(\d{2})-\d{6}$")
@@ -108,7 +108,8 @@ def _start(config: dict[str, Any]) -> Start:
 
 def provenance(run: Path, results: Path) -> tuple[str, str]:
     """The machine and date of a measurement: machine.txt beside a measured plan and its run's time stamp, or a
-    bench record's header."""
+    bench record's header and the day its cell released (the header's date is the table's, written again as each
+    cell lands)."""
     for folder in (run.parent, run.parent.parent):
         if (folder / "machine.txt").is_file():
             stamp = STAMP.search(run.name)
@@ -116,7 +117,8 @@ def provenance(run: Path, results: Path) -> tuple[str, str]:
         if (folder / "results.md").is_file():
             header = (folder / "results.md").read_text()
             machine, generated = RAN_ON.search(header), GENERATED.search(header)
-            return (machine[1] if machine else ""), (generated[1] if generated else "")
+            released = json.loads((run / PRIVACY).read_text()).get("released") if (run / PRIVACY).is_file() else None
+            return (machine[1] if machine else ""), released or (generated[1] if generated else "")
     return "", ""
 
 

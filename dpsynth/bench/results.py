@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..diffusion.pretrain import TRAINING_STATE
 from ..evaluation import METRICS
 from ..hardware import cpuinfo
 from ..provenance import source_commit
@@ -65,7 +66,8 @@ def cell_row(path: Path, cell: Cell) -> dict[str, Any]:
         row[f"{phase}_cpu_min"] = round(sum(a["cpu_s"] for a in spent) / 60, 2) if spent else None
     row["peak_rss_gib"] = round(max(a["max_rss_bytes"] for a in attempts) / GIB, 2) if attempts else None
     row["peak_cuda_gib"] = _cuda_peak(log)
-    row["public_pretraining_min"] = _public_minutes(log)
+    public = path.parent.parent / "public" / f"{cell.method}-{cell.dataset}"  # what the bench pre-trained for it
+    row["public_pretraining_min"] = _public_minutes(log, public)
     row["machine"] = "; ".join(dict.fromkeys(a["machine"] for a in attempts if "machine" in a)) or None
     return row
 
@@ -93,10 +95,14 @@ def _cuda_peak(log: list[dict]) -> float | None:
     return round(max(peaks) / GIB, 2) if peaks else None
 
 
-def _public_minutes(log: list[dict]) -> float | None:
+def _public_minutes(log: list[dict], public: Path) -> float | None:
     """Minutes the public model the run started from (``model.init_from``) took to pre-train, as its
-    pretraining.json says: a one-off cost, shared by every run started from it, so not the run's own."""
+    pretraining.json says: a one-off cost, shared by every run started from it, so not the run's own. The run's log
+    names it; where the log is not kept (a record in git keeps none), the bench's own ``public`` model of the cell's
+    method and data does."""
     seconds = [r.get("seconds") for r in log if r.get("event") == "public model"]
+    if not seconds and (public / TRAINING_STATE).is_file():
+        seconds = [json.loads((public / TRAINING_STATE).read_text()).get("seconds")]
     return round(seconds[-1] / 60, 2) if seconds and seconds[-1] is not None else None
 
 
