@@ -36,7 +36,8 @@ from .data.registry import train_size
 from .errors import ConfigError, DpsynthError, PrivacyWarning
 from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
-from .methods import get_method
+from .methods import create_method, get_method
+from .methods.base import Method
 from .models.upscaler import SavedUpscaler, load_upscaler
 from .privacy import (
     ACCOUNTANTS,
@@ -256,8 +257,14 @@ def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, r
 
 
 def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
-    """Calibrate the method's stages so the whole run on ``info``'s training split meets the target."""
-    method = get_method(config["method"])(config)
+    """Calibrate the stages of ``config``'s method so the whole run on ``info``'s training split meets the
+    target (:func:`method_budget` of the method built from it)."""
+    return method_budget(create_method(config), info)
+
+
+def method_budget(method: Method, info: DatasetInfo) -> BudgetPlan:
+    """Calibrate ``method``'s stages so the whole run on ``info``'s training split meets its config's target."""
+    config = method.config
     delta = resolve_delta(config, info.num_train)
     privacy = PrivacySettings.of(config)
     accountant, target = Accountant(privacy.accountant), privacy.epsilon
@@ -279,10 +286,9 @@ def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
 TRAINING_STAGE = "dp-sgd"
 
 
-def training_regime(config: Config, info: DatasetInfo, budget: BudgetPlan) -> list[Assessment]:
-    """The recorded outcomes' verdict on each calibrated DP-SGD step of ``config``'s stage :data:`TRAINING_STAGE`
+def training_regime(method: Method, info: DatasetInfo, budget: BudgetPlan) -> list[Assessment]:
+    """The recorded outcomes' verdict on each calibrated DP-SGD step of ``method``'s stage :data:`TRAINING_STAGE`
     (:mod:`dpsynth.autoplan.regime`): sigma, the expected batch q x N, the steps and the side, all public."""
-    method = get_method(config["method"])(config)
     if not method.pixel_regime:
         return []
     start: Start = "public model" if method.starts_from_public_model() else "random"
@@ -362,7 +368,7 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
                                        f"release.upscaler {upscaler.name!r} ready in "
                                        f"{time.perf_counter() - started:.0f} s (public images only)"]
     if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
-        ready = get_method(config["method"])(config).ready_public_parts(info, device)
+        ready = get_method(config["method"]).ready_public_parts(config, info, device)
         if ready and config["preset"] == AUTO_PRESET:  # within the derived plan's budget
             config = copy.deepcopy(config)
             config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()), *ready]
@@ -413,7 +419,8 @@ def with_training_side(config: Config, info: DatasetInfo, device: torch.device) 
         trial["dataset"]["train_resolution"] = side
         at_side = training_info(trial, info)
         planned = derive_config(trial, at_side, device)
-        regime = training_regime(planned, at_side, plan_budget_for(planned, at_side))
+        built = create_method(planned)
+        regime = training_regime(built, at_side, method_budget(built, at_side))
         verdict = max((item.verdict for item in regime), key=VERDICT_ORDER.index)
         tried.append((side, verdict, trial))
         if verdict != "learns":

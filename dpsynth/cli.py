@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .config import PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
-from .methods import METHODS, shortcuts
+from .methods import METHODS, create_method, shortcuts
 from .provenance import version_line
 from .utils.messages import printed_to
 
@@ -185,7 +185,7 @@ def _privacy(args: argparse.Namespace) -> None:
     from .api import (
         dataset_from_config,
         format_derived_plan,
-        plan_budget_for,
+        method_budget,
         plan_privacy,
         planned_config,
         recommended_recipe,
@@ -198,8 +198,9 @@ def _privacy(args: argparse.Namespace) -> None:
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
     config, dataset = planned_config(config, dataset_from_config(config), pick_device(RunSettings.of(config).device))
-    budget = plan_budget_for(config, dataset.info)
-    plan, regime = plan_privacy(config, dataset.info, budget), training_regime(config, dataset.info, budget)
+    method = create_method(config)
+    budget = method_budget(method, dataset.info)
+    plan, regime = plan_privacy(config, dataset.info, budget), training_regime(method, dataset.info, budget)
     recommendation = recommended_recipe(config, dataset.info)
     if args.json:
         derived_plan = asdict(PlanSettings.of(config)) if config["preset"] == "auto" else None

@@ -22,7 +22,7 @@ from .api import (
     dataset_from_config,
     format_derived_plan,
     holder_ledger,
-    plan_budget_for,
+    method_budget,
     planned_config,
     planned_release,
     release_upscaler,
@@ -58,7 +58,7 @@ from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
 from .hardware import AUTO, hardware_choices, thread_governor
-from .methods import get_method
+from .methods import create_method, get_method
 from .methods.base import Method
 from .models.upscaler import SavedUpscaler
 from .officer import OFFICER_PAGE, near_chance, write_officer_page
@@ -111,11 +111,12 @@ def start(config: Config, began: float | None = None) -> RunDirectory:
         config, dataset = planned_config(config, full, world.device(device), draw_size=True)
     config = world.broadcast_object(config if world.is_main else None)
     dataset = training_dataset(config, with_public_size(config, dataset))
-    budget = plan_budget_for(config, dataset.info)
-    regime = training_regime(config, dataset.info, budget)
+    method = create_method(config)  # the run's one method, built from its plan
+    budget = method_budget(method, dataset.info)
+    regime = training_regime(method, dataset.info, budget)
     check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
     check_total_epsilon(config, dataset.info, budget, run="")  # likewise the holder's cap on all releases
-    check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
+    check_disjoint(method.public_fingerprints(dataset.info), dataset)
     if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
         check_upscaler(config, dataset.info, full, world.device(device))
     del full
@@ -129,7 +130,7 @@ def start(config: Config, began: float | None = None) -> RunDirectory:
             tell("derived plan", format_derived_plan(config))
         for assessment in regime:
             tell("training regime", "\n".join(assessment.lines()))
-    return execute(RunDirectory(path), dataset, budget, world, began)
+    return execute(RunDirectory(path), dataset, budget, world, began, method)
 
 
 def check_upscaler(config: Config, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
@@ -206,27 +207,29 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
     config = world.broadcast_object(_with_shape(run, config) if world.is_main else None)  # one draw for every rank
     full = dataset_from_config(config)
     dataset = training_dataset(config, full)
-    check_disjoint(get_method(config["method"])(config).public_data(dataset.info), dataset)
+    method = create_method(config)
+    check_disjoint(method.public_fingerprints(dataset.info), dataset)
     if world.is_main:
         check_upscaler(config, dataset.info, full, world.device(pick_device(RunSettings.of(config).device)))
     del full
     if overrides and world.is_main:
         run.write_config(config)
         run.log("resume settings", **dict(overrides))
-    return execute(run, dataset, world=world)
+    return execute(run, dataset, world=world, method=method)
 
 
 def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
-            world: World | None = None, began: float | None = None) -> RunDirectory:
+            world: World | None = None, began: float | None = None, method: Method | None = None) -> RunDirectory:
     """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
     privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases. ``began``:
     the ``time.perf_counter()`` at which the command that started the run began, whose derived plan's budget the
-    evaluation is held to (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned."""
+    evaluation is held to (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned.
+    ``method``: the one built from the run's config (by :func:`start` or :func:`resume`), else built here."""
     world = world or World()
     fitting = time.perf_counter()
     with _naming(run):
         try:
-            method, context, budget = _fit(run, dataset, budget, world, fitting if began is None else began)
+            method, context, budget = _fit(run, dataset, budget, world, fitting if began is None else began, method)
         finally:
             world.close()
         if world.is_main:
@@ -259,17 +262,19 @@ def _restored(run: RunDirectory, world: World, settings: dict[str, Any], plan: L
     return received[0], PrivacyLedger.from_dict(received[1], plan=plan)
 
 
-def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World, began: float
-         ) -> tuple[Method, RunContext, BudgetPlan]:
-    """Build the method and its context from the run's config (rank 0's, sent to every rank) and fit, within
-    ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command began) where one is set."""
+def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World, began: float,
+         method: Method | None) -> tuple[Method, RunContext, BudgetPlan]:
+    """Build the method (unless given) and its context from the run's config (rank 0's, sent to every rank) and
+    fit, within ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command began) where one
+    is set."""
     if world.is_main:
         dataset = dataset or training_dataset(run.config(), dataset_from_config(run.config()))
     config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
     dataset = with_public_size(config, dataset or training_dataset(config, dataset_from_config(config)))
-    method = get_method(config["method"])(config)
+    if method is None or method.config != config:  # a noisy size drawn since it was built
+        method = create_method(config)
     if budget is None or budget.size != dataset.info.num_train:
-        budget = plan_budget_for(config, dataset.info)
+        budget = method_budget(method, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
     settings = fixed_settings(config)
     run_settings = RunSettings.of(config)
@@ -375,9 +380,9 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=not context.stopped)
     report = {**_privacy_report(ledger, accountant, delta, target, dataset.info, method, config),
               **({"stopped_early": context.stopped} if context.stopped else {}),
-              "training_regime": _regime_report(config, dataset.info, budget),
+              "training_regime": _regime_report(method, dataset.info, budget),
               "dpsynth": provenance(), "released": time.strftime("%Y-%m-%d", time.gmtime()),
-              "public_data": public_data_digests(method.public_data(dataset.info)),
+              "public_data": public_data_digests(method.public_fingerprints(dataset.info)),
               **method.report_sections(dataset.info)}
     if run.file(REHEARSAL).exists():
         report["rehearsal"] = json.loads(run.file(REHEARSAL).read_text())
@@ -440,14 +445,14 @@ def upscaling_report(upscaler: SavedUpscaler, info: DatasetInfo) -> dict[str, An
             "composition": "post-processing of the images the DP mechanisms made: no further epsilon"}
 
 
-def _regime_report(config: Config, info: DatasetInfo, budget: BudgetPlan) -> list[dict[str, Any]]:
+def _regime_report(method: Method, info: DatasetInfo, budget: BudgetPlan) -> list[dict[str, Any]]:
     """For privacy.json: each DP-SGD plan's noise per example, steps and side, the recorded outcomes' verdict on
     them (:func:`~dpsynth.api.training_regime`), the record that decided it and whether ``plan.force`` ran it."""
-    forced = PlanSettings.of(config).force
+    forced = PlanSettings.of(method.config).force
     return [{"stage": item.plan.stage, "noise_per_example": round(item.plan.noise_per_example, 6),
              "steps": item.plan.steps, "side": item.plan.side, "start": item.plan.start, "verdict": item.verdict,
              "deciding_record": item.deciding[0].record if item.deciding else None,
-             "forced": forced and item.verdict == "fails"} for item in training_regime(config, info, budget)]
+             "forced": forced and item.verdict == "fails"} for item in training_regime(method, info, budget)]
 
 
 def _cuda_peak(device: torch.device) -> dict[str, int]:

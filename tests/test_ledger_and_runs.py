@@ -17,6 +17,7 @@ from dpsynth.api import resolve_config
 from dpsynth.doctor import COMMON
 from dpsynth.errors import DpsynthError, PrivacyError
 from dpsynth.methods import METHODS
+from dpsynth.methods.base import Method
 from dpsynth.pipeline import start
 from dpsynth.privacy import (
     Accountant,
@@ -182,11 +183,15 @@ def test_class_grid_puts_each_class_on_its_row():
     assert grid[1, 6, 0] == 255  # class 0 has one image: the second cell stays blank
 
 
-def test_a_run_through_the_api_prints_nothing_and_tells_its_events_to_the_dpsynth_logger(tmp_path, capsys, caplog):
+def test_a_run_through_the_api_builds_its_method_once_prints_nothing_and_tells_its_events_to_the_logger(
+        tmp_path, capsys, caplog, monkeypatch):
     config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
                             overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
+    built, init = [], Method.__init__
+    monkeypatch.setattr(Method, "__init__", lambda self, config: (built.append(self.name), init(self, config))[1])
     with caplog.at_level(logging.INFO, logger="dpsynth"):
         run = start(config)
+    assert built == ["dp-merf"]  # planned, checked, fitted and released by one method object
     assert capsys.readouterr().out == ""
     told = {record.event: record for record in caplog.records if record.name == "dpsynth"}
     assert {"run directory", "unit of privacy", "released"} <= set(told)

@@ -202,11 +202,12 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     config, decisions = chunked(config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
-    throughput, words = sustained(measure(method_cls(config), config, inputs, device), device)
+    probed = method_cls(config)  # the method at the chunked config, whose probes price the plan
+    throughput, words = sustained(measure(probed, config, inputs, device), device)
     decisions += words
     compiles = lambda trial: compiles_sampling(trial, inputs.shape[1], device)  # noqa: E731
     overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)
-    checked, words = checked_steps(method_cls(config), config, overrides, inputs, throughput, device)
+    checked, words = checked_steps(probed, config, overrides, inputs, throughput, device)
     if words:  # the planned step's measured time differs: the batch and steps sized again at it
         throughput = checked
         overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)

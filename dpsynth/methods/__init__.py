@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 
@@ -110,4 +110,9 @@ def get_method(name: str) -> type[Method]:
     return METHODS[name]
 
 
-__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "get_method", "shortcuts"]
+def create_method(config: Mapping[str, Any]) -> Method:
+    """The method ``config`` names, built from it: a run builds it once, after its plan, and keeps it."""
+    return get_method(config["method"])(config)
+
+
+__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "create_method", "get_method", "shortcuts"]

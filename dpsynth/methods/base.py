@@ -100,6 +100,7 @@ class Method(ABC):
     def __init__(self, config: Config) -> None:
         self.config = config
         self.sampling = SamplingSettings.of(config)  # how generate() chunks and computes the release
+        self._public_prints: dict[str, np.ndarray] | None = None
 
     @classmethod
     def defaults(cls) -> Config:
@@ -132,15 +133,23 @@ class Method(ABC):
         shape, and what its record adds; the images themselves by default."""
         return public, {}
 
-    def ready_public_parts(self, info: DatasetInfo, device: torch.device) -> list[str]:
-        """Build the parts trained on public data alone that a run on ``info`` needs and a cache keeps (a default
-        autoencoder, say), before a derived plan sizes the rest; what each took, in words. None by default."""
+    @classmethod
+    def ready_public_parts(cls, config: Config, info: DatasetInfo, device: torch.device) -> list[str]:
+        """Build the parts trained on public data alone that a run of ``config`` on ``info`` needs and a cache keeps
+        (a default autoencoder, say), before a derived plan sizes the rest; what each took, in words. None by
+        default."""
         return []
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         """Fingerprints (:mod:`dpsynth.data.fingerprints`) of each public image set the method reads, named for
         an error message; checked against every private split before a run starts. None by default."""
         return {}
+
+    def public_fingerprints(self, info: DatasetInfo) -> dict[str, np.ndarray]:
+        """:meth:`public_data`, read once: the check before the run and the release's digests share it."""
+        if self._public_prints is None:
+            self._public_prints = self.public_data(info)
+        return self._public_prints
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """What the planner's probe times on random public tensors of ``shape`` (none by default)."""

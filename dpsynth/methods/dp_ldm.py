@@ -74,25 +74,15 @@ class DPLDM(DPDM):
         self.saved: SavedAutoencoder | None = None
 
     def autoencoder(self, info: DatasetInfo, device: torch.device) -> SavedAutoencoder:
-        """The public autoencoder for ``info``'s images (the default one built once into the cache); ConfigError
-        when a given one is for another side or channels."""
+        """The public autoencoder for ``info``'s images (:func:`public_autoencoder`), read once."""
         if self.saved is None:
-            settings = self.autoencoder_settings
-            if settings.path == "default":
-                training = AutoencoderTraining(iterations=settings.iterations)
-                self.saved = default_autoencoder(info.height, info.channels, device, training=training)
-            else:
-                self.saved = load_autoencoder(settings.path)
-            if (self.saved.side, self.saved.channels) != (info.height, info.channels) or info.height != info.width:
-                raise ConfigError(f"autoencoder.path: {self.saved.folder} encodes {self.saved.channels} x "
-                                  f"{self.saved.side} x {self.saved.side} images, but training reads "
-                                  f"{' x '.join(map(str, info.shape))}; write one for that shape with dpsynth "
-                                  f"pretrain --autoencoder --set dataset.resolution={info.height}")
+            self.saved = public_autoencoder(self.autoencoder_settings, info, device)
         return self.saved
 
-    def ready_public_parts(self, info: DatasetInfo, device: torch.device) -> list[str]:
+    @classmethod
+    def ready_public_parts(cls, config: Config, info: DatasetInfo, device: torch.device) -> list[str]:
         started = time.perf_counter()
-        saved = self.autoencoder(info, device)
+        saved = public_autoencoder(section_settings(AutoencoderSettings, config, "autoencoder"), info, device)
         return [f"autoencoder.path {saved.name!r} ready in {time.perf_counter() - started:.0f} s (public images only)"]
 
     def pretraining_data(self, public: ImageSet, info: DatasetInfo, device: torch.device
@@ -159,6 +149,21 @@ class DPLDM(DPDM):
     @classmethod
     def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
         return {ENCODING_PHASE: num_images}
+
+
+def public_autoencoder(settings: AutoencoderSettings, info: DatasetInfo, device: torch.device) -> SavedAutoencoder:
+    """The public autoencoder ``settings`` name for ``info``'s images (the default one built once into the cache);
+    ConfigError when a given one is for another side or channels."""
+    if settings.path == "default":
+        saved = default_autoencoder(info.height, info.channels, device,
+                                    training=AutoencoderTraining(iterations=settings.iterations))
+    else:
+        saved = load_autoencoder(settings.path)
+    if (saved.side, saved.channels) != (info.height, info.channels) or info.height != info.width:
+        raise ConfigError(f"autoencoder.path: {saved.folder} encodes {saved.channels} x {saved.side} x {saved.side} "
+                          f"images, but training reads {' x '.join(map(str, info.shape))}; write one for that shape "
+                          f"with dpsynth pretrain --autoencoder --set dataset.resolution={info.height}")
+    return saved
 
 
 def autoencoder_shape(config: Config, side: int) -> AutoencoderShape:
