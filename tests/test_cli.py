@@ -82,7 +82,7 @@ def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(caps
                                                         "dpsgd.batch_size"),
     (["privacy", "dpdm", "--set", "dpsgd.batch_size=big"], "dpsgd.batch_size expects a value of type int, got 'big'"),
     (["privacy", "dpdm", "--set", "privacy.accountant=moments"], "privacy.accountant must be one of pld, rdp"),
-    (["privacy", "pe", "--set", "api.name=dalle"], "api.name must be one of drawtext, diffusion, got 'dalle'"),
+    (["privacy", "pe", "--set", "api.name=dalle"], "api.name must be one of drawtext, diffusion (or an API registered"),
     (["privacy", "dp-sad", "--set", "teacher.training=public"], "teacher.training must be one of dp, non-private"),
     (["privacy", "dp-imgsyn", "--set", "alignment.init=zeros"], "alignment.init must be one of public, noise"),
     (["privacy", "dpdm", "--set", "dpsgd"], "--set expects key=value"),

@@ -6,30 +6,27 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
+from conftest import TINY_PE, assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
 from diffusers import DDPMPipeline, DDPMScheduler
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsynth.api import resolve_config
+from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.data import DatasetInfo, ImageSet
+from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import find_fonts
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import ConfigError, DataError
-from dpsynth.methods.pe import PrivateEvolution, apportion, class_embeddings
-from dpsynth.methods.pe.apis import DiffusionAPI, DrawTextAPI
+from dpsynth.methods.pe import PrivateEvolution, apis, apportion, class_embeddings
+from dpsynth.methods.pe.apis import ApiSettings, DiffusionAPI, DrawTextAPI, Samples, register_api
 from dpsynth.methods.pe.embeddings import PixelEmbedding
 from dpsynth.models import build_unet
+from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from dpsynth.runs import RunDirectory
 
 DIGITS = DatasetInfo("digits", 1, 28, 28, [str(d) for d in range(10)], "test")
-TINY = ["pe", "--api", "drawtext", "--dataset", "mnist-5k", "--epsilon", "10", "--set", "pe.population=40",
-        "--set", "pe.iterations=3", "--set", "pe.lookahead=1", "--set", "evaluation.enabled=false",
-        "--set", "sampling.num_samples=60", "--set", "run.seed=0",
-        "--set", "privacy.accountant=rdp"]  # the accountant is not under test here, and RDP calibrates 4x faster
-
 
 def test_votes_equal_brute_force_nearest_neighbours():
     generator = torch.Generator().manual_seed(0)
@@ -99,7 +96,7 @@ def test_drawtext_needs_one_character_per_class_and_some_fonts(tmp_path):
         DrawTextAPI(DIGITS, "01", find_fonts())
     method = PrivateEvolution(resolve_config("pe", dataset="digits", overrides=["api.characters=ab"]))
     with pytest.raises(ConfigError, match=r"api.characters: 2 characters \('ab'\) for 10 classes"):
-        method.build_api(DIGITS, torch.device("cpu"))
+        method.built_api(DIGITS, torch.device("cpu"))
     with pytest.raises(ConfigError, match=str(tmp_path)):
         find_fonts([str(tmp_path)])
 
@@ -131,7 +128,7 @@ def test_the_diffusion_api_rejects_a_missing_or_class_conditional_model(tmp_path
     method = PrivateEvolution(resolve_config("pe", dataset="digits", overrides=[
         "api.name=diffusion", f"api.model={tmp_path / 'conditional'}"]))
     with pytest.raises(ConfigError, match="api.model: .* is class-conditional"):
-        method.build_api(DIGITS, torch.device("cpu"))
+        method.built_api(DIGITS, torch.device("cpu"))
 
 
 def test_pretrain_writes_a_model_the_diffusion_api_loads(tmp_path):
@@ -148,7 +145,7 @@ def test_pretrain_writes_a_model_the_diffusion_api_loads(tmp_path):
 
 @pytest.mark.slow
 def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_the_clean_result(tmp_path):
-    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean_dir = finished_run(*TINY_PE, "--set", f"run.out_dir={tmp_path / 'clean'}")
     privacy = privacy_report(clean_dir)
     assert [stage["name"] for stage in privacy["stages"]] == ["class-counts", "histograms"]
     assert privacy["stages"][1]["mechanisms"][0]["steps"] == 3 and privacy["epsilon"] <= 10.0
@@ -161,14 +158,14 @@ def test_pe_runs_with_drawtext_and_a_run_killed_after_an_iteration_resumes_to_th
         assert release["images"].shape == (60, 1, 28, 28)
         assert np.bincount(release["labels"], minlength=10).tolist() == apportion(60, torch.tensor(sizes).double())
 
-    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+    assert_killed_run_resumes_to(clean_dir, [*TINY_PE, "--set", f"run.out_dir={tmp_path / 'crash'}"],
                                  lambda e: e.get("event") == "pe-iteration" and e["iteration"] >= 1)
 
 
 def test_bad_pe_settings_are_config_errors(tmp_path):
     for extra, message in ((["--set", "pe.degrees=[0.5,1.5,0.3]"], "pe.degrees"), (["--api", "dalle"], "api.name"),
                            (["--set", "pe.class_counts=public"], "pe.class_counts")):
-        done = dpsynth_main("run", *TINY, *extra, "--set", f"run.out_dir={tmp_path}")
+        done = dpsynth_main("run", *TINY_PE, *extra, "--set", f"run.out_dir={tmp_path}")
         assert done.code != 0 and message in done.err and "Traceback" not in done.err, done.err
 
 
@@ -183,7 +180,7 @@ def test_pe_reads_mnist_from_any_idx_directory(idx_dir, tmp_path):
 
 
 def test_the_nonprivate_debug_distance_is_logged_only_on_request_and_flagged_in_the_privacy_report(tmp_path):
-    done = dpsynth_main("run", *TINY, "--set", "pe.iterations=2", "--set", "pe.debug_nonprivate_fd=true",
+    done = dpsynth_main("run", *TINY_PE, "--set", "pe.iterations=2", "--set", "pe.debug_nonprivate_fd=true",
                         "--set", f"run.out_dir={tmp_path}")
     assert done.code == 0, done.err
     run = next(tmp_path.iterdir())
@@ -192,3 +189,59 @@ def test_the_nonprivate_debug_distance_is_logged_only_on_request_and_flagged_in_
     assert [e["iteration"] for e in debug] == [0, 1, 2] and all(e["frechet_distance"] > 0 for e in debug)
     (caveat,) = privacy_report(run)["not_covered_by_epsilon"]
     assert "log.jsonl" in caveat and "pe.debug_nonprivate_fd is on" in done.err
+
+
+class SquaresAPI:
+    """A user's own API: class c is a bright square whose corner its parameters place (varied by moving it); it
+    says which images its model was trained on."""
+
+    def __init__(self, info: DatasetInfo, trained_on: np.ndarray | None) -> None:
+        self.info, self.trained_on = info, trained_on
+
+    def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples:
+        return self._drawn(torch.rand(n, 2, generator=generator, dtype=torch.float64))
+
+    def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples:
+        step = torch.randn(samples.params.shape, generator=generator, dtype=torch.float64) * degree / 4
+        return self._drawn((samples.params + step).clamp(0, 1))
+
+    def training_fingerprints(self) -> np.ndarray | None:
+        return self.trained_on
+
+    def _drawn(self, corners: torch.Tensor) -> Samples:
+        images = torch.zeros(len(corners), *self.info.shape)
+        side = self.info.height // 3
+        for image, (row, column) in zip(images, (corners * (self.info.height - side)).long().tolist(), strict=True):
+            image[:, row:row + side, column:column + side] = 1.0
+        return Samples(images, corners)
+
+
+@pytest.fixture
+def squares_api(monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray | None]:
+    """The ``squares`` API registered for one test (its training images' fingerprints set through the dict)."""
+    trained: dict[str, np.ndarray | None] = {"on": None}
+    monkeypatch.setitem(apis._FACTORIES, "squares", None)  # removed again after the test
+    register_api("squares")(lambda settings, info, device: SquaresAPI(info, trained["on"]))
+    return trained
+
+
+def test_a_users_own_api_plugs_in_by_name_and_its_training_data_is_checked(squares_api, tmp_path):
+    config = resolve_config("pe", dataset="digits", epsilon=5.0, preset="cpu", overrides=[
+        "api.name=squares", "pe.population=40", "pe.iterations=2", "pe.lookahead=1", "sampling.num_samples=30",
+        "evaluation.enabled=false", f"run.out_dir={tmp_path}"])
+    squares_api["on"] = fingerprints(dataset_from_config(config).train.images[:5])  # trained on private images
+    with pytest.raises(DataError, match="the training data of the API api.name 'squares' is not disjoint"):
+        start(config)
+    squares_api["on"] = np.zeros(0, "<u8")  # trained on none of them
+    run = start(config)
+    report = json.loads(run.file("release/privacy.json").read_text())
+    assert [stage["name"] for stage in report["stages"]] == ["class-counts", "histograms"]
+    assert report["public_data"]["the training data of the API api.name 'squares'"]["distinct_images"] == 0
+    with np.load(run.file("release/synthetic.npz")) as release:  # every image one of the API's squares
+        assert set(np.unique(release["images"])) == {0, 255} and len(release["labels"]) == 30
+
+
+def test_an_api_name_no_one_registered_is_a_config_error_naming_the_known_ones(squares_api):
+    with pytest.raises(ConfigError, match="api.name must be one of drawtext, diffusion, squares .*got 'dalle'"):
+        PrivateEvolution(resolve_config("pe", dataset="digits", overrides=["api.name=dalle"]))
+    assert ApiSettings().name == "drawtext"

@@ -24,11 +24,10 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ...config import Config, at_least, one_of, positive, preset_with, section_settings
+from ...config import Config, RunSettings, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS
-from ...data.glyphs import find_fonts
-from ...errors import ConfigError, DataError, PrivacyWarning
+from ...errors import ConfigError, PrivacyWarning
 from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
@@ -36,34 +35,20 @@ from ...privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
 from ...runs import LOG
 from ...training.context import RunContext
 from ...training.probes import Probes, timed
+from ...utils.device import pick_device
 from ...utils.images import as_floats
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
-from .apis import DiffusionAPI, DrawTextAPI, ImageAPI, Samples
+from .apis import ApiSettings, ImageAPI, Samples, api_names, build_api
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
 
 T = TypeVar("T")
 
 ITERATIONS_DIR = "iterations"
 PHASE, COUNTS_STAGE, HISTOGRAMS_STAGE = "pe", "class-counts", "histograms"
-APIS = ("drawtext", "diffusion")
 # The phases the planner prices, each per unit: an image the API makes or varies, an image embedded, a private
 # image's vote among its class's share of the population.
 RANDOM_PHASE, VARIATION_PHASE, EMBEDDING_PHASE, VOTES_PHASE = "random API", "variation API", "embedding", "votes"
 PROBE_IMAGES, PROBE_VOTERS = 16, 256  # images the API makes for the probe; random private rows that vote
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApiSettings:
-    """The ``api`` section: which foundation-model API (``drawtext`` renders ``characters`` in the fonts found
-    under ``font_dirs``; ``diffusion`` samples the diffusers ``model`` with ``steps`` DDIM steps, ``batch_size``
-    images at a time)."""
-
-    name: str = one_of(*APIS, default="drawtext")
-    characters: str = "0123456789"
-    font_dirs: tuple[str, ...] = ("/usr/share/fonts/truetype", "/usr/share/fonts/opentype")
-    model: str | None = None
-    steps: int = positive(default=100)
-    batch_size: int = positive(default=100)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +89,8 @@ class PrivateEvolution(Method):
     name = "pe"
     smoke = ("api.name=drawtext", "pe.population=20", "pe.iterations=2", "pe.lookahead=1")
     resume_settings = ("api.batch_size",)
-    shortcuts = {"--api": ("api.name", "PE: the foundation-model API, drawtext or diffusion", None),
+    shortcuts = {"--api": ("api.name", "PE: the foundation-model API: drawtext, diffusion or one registered "
+                                       "(dpsynth.methods.pe.apis.register_api)", None),
                  "--api-model": ("api.model", "PE: the diffusers model directory of the diffusion API", None)}
     probed_keys = ("api", "pe")
     no_generator = ("trains no generator: its release is the population the DP votes selected from a public "
@@ -128,7 +114,11 @@ class PrivateEvolution(Method):
         super().__init__(config)
         self.api_settings = section_settings(ApiSettings, config, "api")
         self.settings = section_settings(EvolutionSettings, config, "pe")
+        if self.api_settings.name not in api_names():
+            raise ConfigError(f"api.name must be one of {', '.join(api_names())} (or an API registered with "
+                              f"dpsynth.methods.pe.apis.register_api), got {self.api_settings.name!r}")
         self.api: ImageAPI | None = None
+        self.api_device: torch.device | None = None
         self.population: list[Samples] | None = None
         self.info: DatasetInfo | None = None
 
@@ -151,26 +141,33 @@ class PrivateEvolution(Method):
         return stages
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
-        """The fingerprints of the diffusion API's training data, which ``dpsynth pretrain`` saves with the model."""
-        model = self.api_settings.model
-        if self.api_settings.name != "diffusion" or not model:
+        """The fingerprints of the API's training data: the diffusion API's, which ``dpsynth pretrain`` saves with
+        the model; a registered API's ``training_fingerprints()``; none for the text simulator, which has none."""
+        settings = self.api_settings
+        if settings.name == "drawtext" or settings.name == "diffusion" and not settings.model:
             return {}
-        from ...diffusion.pretrain import model_label, public_fingerprints  # diffusers' import: this API alone
+        if settings.name == "diffusion":
+            from ...diffusion.pretrain import model_label, public_fingerprints  # diffusers' import: this API alone
 
-        prints = public_fingerprints(model)
+            label, prints = model_label("api.model", settings.model), public_fingerprints(settings.model)
+            where = f"api.model {settings.model} holds no {FINGERPRINTS} (dpsynth pretrain writes one)"
+        else:
+            api = self.built_api(info, pick_device(RunSettings.of(self.config).device))
+            label = f"the training data of the API api.name {settings.name!r}"
+            prints = getattr(api, "training_fingerprints", lambda: None)()
+            where = f"the API {settings.name!r} gives no training_fingerprints()"
         if prints is None:
-            warnings.warn(f"api.model {model} holds no {FINGERPRINTS} (dpsynth pretrain writes one): its training "
-                          "data cannot be checked to be disjoint from the private data; make sure it is",
-                          PrivacyWarning, stacklevel=2)
+            warnings.warn(f"{where}: its training data cannot be checked to be disjoint from the private data; make "
+                          "sure it is", PrivacyWarning, stacklevel=2)
             return {}
-        return {model_label("api.model", model): prints}
+        return {label: prints}
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """The API's random and variation calls (the release's unit: a variation at the last degree), the
         embedding and the votes, on the API's own images and random embeddings (nothing private)."""
         settings, generator = self.settings, torch.Generator().manual_seed(0)
         info = DatasetInfo("probe", *shape, [str(c) for c in range(num_classes)], "probe")
-        api = cache(lambda: self.build_api(info, device))
+        api = cache(lambda: build_api(self.api_settings, info, device))  # the probe's own, at its shape
         embed = cache(lambda: build_embedding(settings.embedding, device))
         samples = cache(lambda: api().random_api(0, PROBE_IMAGES, generator))  # made once, untimed
 
@@ -216,24 +213,15 @@ class PrivateEvolution(Method):
         """The variations a release of more images than the population makes."""
         return max(0, config["sampling"]["num_samples"] - config["pe"]["population"])
 
-    def build_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
-        settings = self.api_settings
-        if settings.name == "drawtext":
-            if len(settings.characters) != info.num_classes:
-                raise ConfigError(f"api.characters: {len(settings.characters)} characters ({settings.characters!r}) "
-                                  f"for {info.num_classes} classes of {info.name}; give one character per class")
-            return DrawTextAPI(info, settings.characters, find_fonts(list(settings.font_dirs)))
-        if not settings.model:
-            raise ConfigError("api.model: the diffusion API needs a diffusers model directory "
-                              "(--set api.model=DIR, e.g. one written by dpsynth pretrain)")
-        try:
-            return DiffusionAPI(settings.model, info, settings.steps, settings.batch_size, device, "api.batch_size")
-        except DataError as error:
-            raise ConfigError(f"api.model: {error}") from None
+    def built_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
+        """The API ``api.name`` names (:func:`~dpsynth.methods.pe.apis.build_api`) on ``device``, built once."""
+        if self.api is None or self.api_device != device:
+            self.api, self.api_device = build_api(self.api_settings, info, device), device
+        return self.api
 
     def fit(self, context: RunContext) -> None:
         info, settings, degrees = context.dataset.info, self.settings, self.settings.schedule()
-        api = self.build_api(info, context.device)
+        api = self.built_api(info, context.device)
         embed = build_embedding(settings.embedding, context.device)
         event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
         threshold = settings.threshold if settings.threshold is not None else 2 ** 0.5 * event.noise_multiplier

@@ -3,19 +3,26 @@
 A population is a :class:`Samples`: images in [0, 1] at the private data's shape, plus whatever the API
 needs to vary them (the text simulator's rendering parameters; nothing for a diffusion model, which varies
 the pixels). ``degree`` lies in (0, 1]: larger means more variation.
+
+The APIs are an open registry: ``api.name`` names a factory registered with :func:`register_api` (``drawtext`` and
+``diffusion`` here), or one another package names under the ``dpsynth.pe_apis`` entry-point group
+(``name = "module:factory"``), so that a model of your own plugs in without editing dpsynth.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from ...config import positive
 from ...data import DatasetInfo
-from ...data.glyphs import DEFAULT_RANGES, TextRanges, render_character
-from ...errors import DataError
+from ...data.glyphs import DEFAULT_RANGES, TextRanges, find_fonts, render_character
+from ...errors import ConfigError, DataError
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import convert_images
 
@@ -41,11 +48,60 @@ class Samples:
 
 
 class ImageAPI(Protocol):
-    """What PE asks of a foundation model."""
+    """What PE asks of a foundation model: images of class ``label`` (in [0, 1], at the private data's shape) drawn
+    with ``generator`` alone, so that a run resumes and splits over processes as it would in one. An API whose model
+    was trained on images may also give ``training_fingerprints()`` (:mod:`dpsynth.data.fingerprints` of them, or
+    None): a run checks them against the private data, and warns where there are none."""
 
     def random_api(self, label: int, n: int, generator: torch.Generator) -> Samples: ...
 
     def variation_api(self, samples: Samples, label: int, degree: float, generator: torch.Generator) -> Samples: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The ``api`` section: which foundation-model API (``drawtext`` renders ``characters`` in the fonts found
+    under ``font_dirs``; ``diffusion`` samples the diffusers ``model`` with ``steps`` DDIM steps, ``batch_size``
+    images at a time; any other name, an API registered with :func:`register_api`, which reads the keys it
+    needs)."""
+
+    name: str = "drawtext"
+    characters: str = "0123456789"
+    font_dirs: tuple[str, ...] = ("/usr/share/fonts/truetype", "/usr/share/fonts/opentype")
+    model: str | None = None
+    steps: int = positive(default=100)
+    batch_size: int = positive(default=100)
+
+
+# Builds an API from the ``api`` section, the private data's public facts (shape, classes; no image) and the device.
+ApiFactory = Callable[[ApiSettings, DatasetInfo, torch.device], ImageAPI]
+API_ENTRY_POINTS = "dpsynth.pe_apis"
+_FACTORIES: dict[str, ApiFactory] = {}
+
+
+def register_api(name: str) -> Callable[[ApiFactory], ApiFactory]:
+    """Decorator registering ``factory`` as the PE API ``name`` (``--set api.name=NAME``)."""
+    def registered(factory: ApiFactory) -> ApiFactory:
+        _FACTORIES[name] = factory
+        return factory
+    return registered
+
+
+def api_names() -> list[str]:
+    """The APIs ``api.name`` may name: those registered, then the entry points'."""
+    listed = [point.name for point in entry_points(group=API_ENTRY_POINTS)]
+    return [*_FACTORIES, *(name for name in listed if name not in _FACTORIES)]
+
+
+def build_api(settings: ApiSettings, info: DatasetInfo, device: torch.device) -> ImageAPI:
+    """The API ``settings.name`` names, built for ``info``'s images; ConfigError listing the known ones."""
+    if settings.name not in _FACTORIES:
+        points = [point for point in entry_points(group=API_ENTRY_POINTS) if point.name == settings.name]
+        if not points:
+            raise ConfigError(f"api.name must be one of {', '.join(api_names())} (or an API registered with "
+                              f"dpsynth.methods.pe.apis.register_api), got {settings.name!r}")
+        register_api(settings.name)(points[0].load())
+    return _FACTORIES[settings.name](settings, info, device)
 
 
 class DrawTextAPI:
@@ -144,3 +200,24 @@ class DiffusionAPI:
             x = self.scheduler.step(self.unet(x, t).sample, t, x).prev_sample
         return convert_images(((x + 1) / 2).clamp(0, 1).cpu(), self.info.channels, (self.info.height, self.info.width))
 
+
+
+@register_api("drawtext")
+def drawtext_api(settings: ApiSettings, info: DatasetInfo, device: torch.device) -> DrawTextAPI:
+    """The text simulator, one character of ``api.characters`` per class."""
+    if len(settings.characters) != info.num_classes:
+        raise ConfigError(f"api.characters: {len(settings.characters)} characters ({settings.characters!r}) for "
+                          f"{info.num_classes} classes of {info.name}; give one character per class")
+    return DrawTextAPI(info, settings.characters, find_fonts(list(settings.font_dirs)))
+
+
+@register_api("diffusion")
+def diffusion_api(settings: ApiSettings, info: DatasetInfo, device: torch.device) -> DiffusionAPI:
+    """The diffusers model ``api.model``."""
+    if not settings.model:
+        raise ConfigError("api.model: the diffusion API needs a diffusers model directory "
+                          "(--set api.model=DIR, e.g. one written by dpsynth pretrain)")
+    try:
+        return DiffusionAPI(settings.model, info, settings.steps, settings.batch_size, device, "api.batch_size")
+    except DataError as error:
+        raise ConfigError(f"api.model: {error}") from None
