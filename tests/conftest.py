@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 import threadpoolctl
 import torch
+from PIL import Image
 
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.hardware import usable_cores
 from dpsynth.methods import METHODS
 from dpsynth.pipeline import execute
 from dpsynth.privacy import PrivacyLedger
@@ -268,3 +270,64 @@ def stopped_smoke_run(method: str, root: Path, epsilon: float = 5.0) -> RunDirec
     with pytest.raises(_Interrupted):
         execute(_CrashAfterCheckpoint(run.path))
     return run
+
+
+def setting_args(*settings: str) -> list[str]:
+    """``--set`` before each ``key=value`` of ``settings``."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+# Each method's tiny run on the command line (its own tests and the two-process tests): a few steps of every stage on
+# sklearn's digits or mnist-5k. RDP where the accountant is not under test: it calibrates 4x faster than PLD.
+RDP = setting_args("privacy.accountant=rdp")
+TINY_UNET = ("model.block_channels=[8, 16]", "model.norm_groups=4")
+TINY_DPDM = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu", *setting_args(
+    *TINY_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=1", "dpsgd.checkpoint_every=5", "dpsgd.noise_multiplicity=2",
+    "sampling.num_samples=30", "diffusion.sample_steps=4", "evaluation.enabled=false",
+    "run.seed=0")]  # a known seed (never for a real release): clean and resumed runs must agree
+TINY_DP_FETA = ["dp-feta", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *setting_args(
+    *TINY_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.5", "dpsgd.checkpoint_every=5", "central.count=2",
+    "central.batch_size=300", "central.clip=8.0", "warmup.iterations=12", "warmup.batch_size=8",
+    "warmup.checkpoint_every=4", "sampling.num_samples=20", "diffusion.sample_steps=3", "evaluation.enabled=false",
+    "run.seed=0"), *RDP]
+TINY_FETA_PRO = ["feta-pro", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *setting_args(
+    *TINY_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.3", "dpsgd.checkpoint_every=5", "central.count=2",
+    "central.batch_size=300", "central.clip=8.0", "warmup.iterations=6", "warmup.batch_size=8",
+    "warmup.checkpoint_every=3", "frequency.features=200", "generator.epochs=2", "generator.iterations_per_epoch=5",
+    "generator.images=100", "generator.latent=8", "generator.width=16", "frequency_warmup.iterations=8",
+    "frequency_warmup.batch_size=8", "frequency_warmup.checkpoint_every=4", "frequency_warmup.sample_steps=2",
+    "sampling.num_samples=20", "diffusion.sample_steps=3", "evaluation.enabled=false", "run.seed=0"), *RDP]
+TINY_DP_IMGSYN = ["dp-imgsyn", "--dataset", "mnist-5k", "--epsilon", "2", *setting_args(
+    "teacher.epochs=0.1", "teacher.batch_size=256", "sampling.num_samples=60", "alignment.iterations=3",
+    "alignment.batch_size=20", "alignment.temperature=4", "evaluation.enabled=false", "teacher.checkpoint_every=1",
+    "run.seed=0"), *RDP]
+TINY_PE = ["pe", "--api", "drawtext", "--dataset", "mnist-5k", "--epsilon", "10", *setting_args(
+    "pe.population=40", "pe.iterations=3", "pe.lookahead=1", "evaluation.enabled=false", "sampling.num_samples=60",
+    "run.seed=0"), *RDP]
+
+
+def tiny_dp_sad(out_dir: Path, *extra: str, threads: str | None = None) -> list[str]:
+    """DP-SAD's tiny run into ``out_dir``, at a fixed thread count (default: the cores this process may use, counted
+    when called, after :func:`pytest_configure` kept a worker to its share): under load the thread governor would
+    change it, and with it the float rounding, between a clean and a resumed run (the discriminator then drifts
+    them apart)."""
+    threads = threads or str(usable_cores())
+    return ["dp-sad", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *extra, *setting_args(
+        *TINY_UNET, "teacher.batch_size=64", "teacher.epochs=0.5", "student.batch_size=64", "student.epochs=0.5",
+        "teacher.checkpoint_every=3", "student.checkpoint_every=3", "sampling.num_samples=30",
+        "diffusion.sample_steps=4", "discriminator.pool=40", "discriminator.pool_steps=4",
+        "discriminator.batch_size=16", "evaluation.enabled=false", "run.seed=0", f"run.out_dir={out_dir}",
+        f"run.threads={threads}"), *RDP]
+
+
+MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
+
+
+def write_patients(root, patients: int = 12, scans: int = 2, side: int = 28) -> None:
+    """Two class folders of a sub-folder per patient, each holding ``scans`` grey ``side`` x ``side`` PNGs."""
+    rng = np.random.default_rng(0)
+    for patient in range(patients):
+        folder = root / ("healthy" if patient % 2 else "sick") / f"patient-{patient:03d}"
+        folder.mkdir(parents=True)
+        for scan in range(scans):
+            Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).save(folder / f"scan-{scan}.png")

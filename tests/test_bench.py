@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.bench import BenchSpec, _child, frontier, plans, record
-from dpsynth.bench.results import results_markdown
+from dpsynth.bench import BenchSpec, Cell, _child, frontier, plans, record
+from dpsynth.bench.results import cell_row, results_markdown
 from dpsynth.cli import main
 from dpsynth.config import SCHEMA
 from dpsynth.errors import DpsynthError
@@ -28,9 +28,9 @@ COMMON = ["--datasets", "digits", "--epsilons", "8", "--device", "cpu", "--set",
           "--set", "evaluation.classifiers=[cnn]", "--set", "evaluation.classifier_epochs=2",
           "--set", "evaluation.classifier_seeds=2", "--set", "evaluation.kid_subsets=5",
           "--set", "evaluation.kid_subset_size=10", "--set", "privacy.accountant=rdp"]  # RDP: 4x faster to calibrate
-TINY = {"dpdm": ["model.block_channels=[8, 16]", "model.norm_groups=4", "dpsgd.batch_size=64", "dpsgd.epochs=0.25",
-                 "diffusion.sample_steps=4"],
-        "pe": ["pe.iterations=2", "pe.population=40"]}
+TINY_DIFFUSION = ["model.block_channels=[8, 16]", "model.norm_groups=4", "dpsgd.batch_size=64", "dpsgd.epochs=0.25",
+                  "diffusion.sample_steps=4"]
+TINY = {"pdp-diffusion": TINY_DIFFUSION, "pe": ["pe.iterations=2", "pe.population=40"]}
 
 
 def bench(tmp_path: Path, methods: list[str], *extra: str) -> int:
@@ -50,47 +50,53 @@ def results(out: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_bench_tabulates_every_cell_and_resumes_without_repeating_work(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "bench"
-    assert bench(tmp_path, ["dpdm", "pe"]) == 0
+def test_bench_tabulates_every_cell_pretrains_a_public_model_once_and_resumes_without_repeating_work(
+        tmp_path, capsys, monkeypatch):
+    out, methods = tmp_path / "bench", ["pdp-diffusion", "pe"]  # PDP-Diffusion needs a public model: the bench's
+    public = ["--public-iterations", "3"]
+    assert bench(tmp_path, methods, *public) == 0
     rows = results(out)
-    assert [(row["method"], row["status"]) for row in rows] == [("dpdm", "done"), ("pe", "done")]
+    assert [(row["method"], row["status"]) for row in rows] == [("pdp-diffusion", "done"), ("pe", "done")]
     for row, stage in zip(rows, ["dp-sgd", "histograms"], strict=True):
         assert 7.9 < float(row["epsilon"]) <= 8.0 and stage in row["privacy_split"]
         assert float(row["fid"]) > 0 and 0 <= float(row["accuracy_cnn"]) <= 1 and float(row["accuracy_cnn_std"]) >= 0
         assert float(row["synthesis_cpu_min"]) > 0 and float(row["evaluation_wall_min"]) > 0
         assert float(row["peak_rss_gib"]) > 0.1 and row["selection_epsilon"] and "cores" in row["machine"]
+    assert float(rows[0]["public_pretraining_min"]) >= 0 and not rows[1]["public_pretraining_min"]
     table = (out / "results.md").read_text()
-    assert "## digits" in table and "| dpdm | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
+    assert "## digits" in table and "| pdp-diffusion | 8 | 7.9" in table and "| pe | 8 | 8.000 |" in table
     assert "| acc. cnn |" in table and len(re.findall(r"\| \d+\.\d ± \d+\.\d % \|", table)) == 2  # mean ± std per run
-    quoted = record.value(out, "dpdm", 8, "accuracy_cnn")  # what a docs page quotes is the table's cell
+    quoted = record.value(out, "pdp-diffusion", 8, "accuracy_cnn")  # what a docs page quotes is the table's cell
     assert re.fullmatch(r"\d+\.\d ± \d+\.\d %", quoted) and f"| {quoted} |" in table
-    assert "| dpdm | 8 |" in record.table(out) and "cores" in record.table(out)
+    assert "| pdp-diffusion | 8 |" in record.table(out) and "cores" in record.table(out)
     for picture in ("fid.png", "accuracy.png", "samples-digits-eps8.png"):
         assert (out / picture).stat().st_size > 1000
+    pretraining = json.loads((out / "public" / "pdp-diffusion-digits" / "pretraining.json").read_text())
+    assert pretraining["dataset"] == "glyphs" and pretraining["step"] == 3
+    assert pretraining["settings"]["block_channels"] == [8, 16]
 
-    dpdm, pe = out / "runs" / "dpdm-digits-eps8", out / "runs" / "pe-digits-eps8"
+    pdp, pe = out / "runs" / "pdp-diffusion-digits-eps8", out / "runs" / "pe-digits-eps8"
     (pe / "metrics.json").unlink()
-    assert bench(tmp_path, ["dpdm", "pe"]) == 0
-    assert phases(dpdm) == ["synthesis", "evaluation"]
+    assert bench(tmp_path, methods, *public) == 0
+    assert phases(pdp) == ["public", "synthesis", "evaluation"]  # its public model pre-trained once
     assert phases(pe) == ["synthesis", "evaluation", "evaluation"]
 
     capsys.readouterr()
-    assert bench(tmp_path, ["dpdm", "pe"], "--set", "dpdm:dpsgd.epochs=2") == 2
-    assert "dpdm-digits-eps8/config.yaml: this cell was started with another config (dpsgd.epochs: 0.25 there, " \
-           "2.0 now)" in capsys.readouterr().err
+    assert bench(tmp_path, methods, *public, "--set", "pdp-diffusion:dpsgd.epochs=2") == 2
+    assert "pdp-diffusion-digits-eps8/config.yaml: this cell was started with another config (dpsgd.epochs: 0.25 " \
+           "there, 2.0 now)" in capsys.readouterr().err
 
     config = pe / "config.yaml"  # a cell made before evaluation.distillation_temperature (and schema) existed
     text = config.read_text()
     assert text.startswith(f"schema: {SCHEMA}\n") and "  distillation_temperature: null\n" in text
     config.write_text(text.replace(f"schema: {SCHEMA}\n", "", 1).replace("  distillation_temperature: null\n", "", 1))
     monkeypatch.chdir(tmp_path)  # and the same bench named by a relative path (its cells record an absolute one)
-    assert bench(tmp_path, ["dpdm", "pe"], "--out", "bench") == 0
+    assert bench(tmp_path, methods, *public, "--out", "bench") == 0
 
     (pe / "metrics.json").unlink()
     with (pe / ".bench.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        assert bench(tmp_path, ["dpdm", "pe"]) == 2
+        assert bench(tmp_path, methods, *public) == 2
     assert "pe-digits-eps8: another process is running this cell" in capsys.readouterr().err
     assert phases(pe) == ["synthesis", "evaluation", "evaluation"]
 
@@ -186,6 +192,16 @@ def test_a_measured_plan_evaluated_with_one_classifier_seed_says_so(tmp_path):
     assert plans.quote(one_seed, "cnn") == "71.0 % (1 seed)"
 
 
+def test_a_record_in_git_keeps_the_public_pretraining_minutes_though_its_runs_logs_stay_out():
+    """Each cell's row is rebuilt from the files git keeps: the public model's pretraining.json gives its minutes."""
+    record = Path(__file__).parents[1] / "benchmarks" / "results" / "cpu-zen4"
+    for epsilon in (10, 1):
+        cell = Cell("pdp-diffusion", "fashion-mnist", epsilon)
+        assert cell_row(record / "runs" / cell.name, cell)["public_pretraining_min"] == 7.4
+    assert cell_row(record / "runs" / "dpdm-fashion-mnist-eps10", Cell("dpdm", "fashion-mnist", 10))[
+        "public_pretraining_min"] is None
+
+
 def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     assert bench(tmp_path, ["pe"], "--set", "pe:api.name=diffusion", "--set", f"pe:api.model={missing}") == 2
@@ -197,7 +213,7 @@ def test_a_failing_cell_is_recorded_and_reported(tmp_path, capsys):
 
 def test_a_stopped_bench_records_its_interrupted_child_and_its_results(tmp_path):
     out = tmp_path / "bench"
-    tiny = [arg for pair in [*TINY["dpdm"], "dpsgd.epochs=200"] for arg in ("--set", pair)]  # the last one wins
+    tiny = [arg for pair in [*TINY_DIFFUSION, "dpsgd.epochs=200"] for arg in ("--set", pair)]  # the last one wins
     command = [sys.executable, "-m", "dpsynth", "bench", "--methods", "dpdm", "--out", str(out), *COMMON, *tiny]
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731  as in a background job
     bench_process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -258,23 +274,6 @@ def test_soft_label_epochs_are_compared_only_between_soft_label_releases(tmp_pat
 def test_unknown_method_is_named(tmp_path, capsys):
     assert bench(tmp_path, ["dpdm", "gan"]) == 2
     assert "--methods: unknown gan; known:" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_a_method_that_needs_a_public_model_gets_one_the_bench_pretrains_once(tmp_path):
-    tiny = [arg for pair in TINY["dpdm"] for arg in ("--set", f"pdp-diffusion:{pair}")]
-    assert bench(tmp_path, ["pdp-diffusion"], *tiny, "--epsilons", "4", "8", "--public-iterations", "3") == 0
-    out = tmp_path / "bench"
-    public = out / "public" / "pdp-diffusion-digits"
-    pretraining = json.loads((public / "pretraining.json").read_text())
-    assert pretraining["dataset"] == "glyphs" and pretraining["step"] == 3
-    assert pretraining["settings"]["block_channels"] == [8, 16]
-    cells = [out / "runs" / f"pdp-diffusion-digits-eps{e}" for e in (4, 8)]
-    assert [phases(cell) for cell in cells] == [["public", "synthesis", "evaluation"], ["synthesis", "evaluation"]]
-    rows = results(out)
-    assert [row["status"] for row in rows] == ["done", "done"]
-    assert [row["run_dir"] for row in rows] == ["runs/pdp-diffusion-digits-eps4", "runs/pdp-diffusion-digits-eps8"]
-    assert all(float(row["public_pretraining_min"]) >= 0 for row in rows)
 
 
 def test_a_cell_made_before_a_method_section_key_existed_matches_that_keys_default():

@@ -11,13 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dpsynth_main, dpsynth_run, privacy_report, secret_stream, started
-from test_dp_feta import TINY as DP_FETA
-from test_dp_imgsyn import TINY as DP_IMGSYN
-from test_dp_sad import tiny as dp_sad
-from test_dpdm import TINY as DPDM
-from test_feta_pro import TINY as FETA_PRO
-from test_pe import TINY as PE
+from conftest import (
+    RDP,
+    TINY_DP_IMGSYN,
+    TINY_DPDM,
+    TINY_FETA_PRO,
+    TINY_PE,
+    dpsynth_main,
+    dpsynth_run,
+    privacy_report,
+    secret_stream,
+    setting_args,
+    started,
+    tiny_dp_sad,
+)
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.config import dump_config
@@ -80,18 +87,15 @@ def test_pe_votes_reduced_over_shards_equal_one_process_votes(tmp_path):
     assert all(result["embedding_error"] == 0 for result in (one, *two))  # the gathered lookahead embeddings
 
 
-def _set(*settings: str) -> list[str]:
-    return [arg for setting in settings for arg in ("--set", setting)]
-
-
 # Each method's tiny run from its own tests, with fewer steps and RDP (a later --set wins): the ledger must be
-# the plan whatever the count and the accountant (DPDM's: the clean run of the kill-and-resume test below).
+# the plan whatever the count and the accountant (DPDM's: the clean run of the kill-and-resume test below;
+# DP-FETA's stages are FETA-Pro's first three, central images, their warm-up and DP-SGD, on the same code).
 # DP-SAD's fixed thread count (for its resume test) would oversubscribe two processes.
-METHODS = {"dp-feta": [*DP_FETA, *_set("dpsgd.epochs=0.25", "warmup.iterations=4")],
-           "feta-pro": [*FETA_PRO, *_set("dpsgd.epochs=0.15", "warmup.iterations=3", "frequency_warmup.iterations=4")],
-           "pe": PE, "dp-imgsyn": [*DP_IMGSYN, "--public", "digits"],
-           "dp-sad": [*dp_sad(Path("overridden"), threads="auto"),  # run.out_dir is set again below
-                      *_set("teacher.epochs=0.25", "student.epochs=0.25")]}
+METHODS = {"feta-pro": [*TINY_FETA_PRO, *setting_args("dpsgd.epochs=0.15", "warmup.iterations=3",
+                                                      "frequency_warmup.iterations=4")],
+           "pe": TINY_PE, "dp-imgsyn": [*TINY_DP_IMGSYN, "--public", "digits"],
+           "dp-sad": [*tiny_dp_sad(Path("overridden"), threads="auto"),  # run.out_dir is set again below
+                      *setting_args("teacher.epochs=0.25", "student.epochs=0.25")]}
 
 
 def _processes(args: list[str], out: Path) -> list[str]:
@@ -129,7 +133,7 @@ def test_every_method_runs_on_two_processes_with_the_ledger_of_its_plan(tmp_path
 @pytest.mark.slow
 def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_path):
     """DPDM's two-process run is also the one that shows its ledger is its plan."""
-    dpdm = ["dpdm", *DPDM, *_set("dpsgd.epochs=0.5", "privacy.accountant=rdp")]  # 11 steps, checkpoints at 5, 10
+    dpdm = ["dpdm", *TINY_DPDM, *setting_args("dpsgd.epochs=0.5"), *RDP]  # 11 steps, checkpoints at 5, 10
     clean = finished_on_two_processes(dpdm, tmp_path / "clean")
     assert_ledger_is_the_plan(clean)
     crash = subprocess.Popen([sys.executable, "-m", "dpsynth", "run", *_processes(dpdm, tmp_path / "crash")],
@@ -151,8 +155,8 @@ def test_two_process_run_killed_mid_training_resumes_to_the_unbroken_run(tmp_pat
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["dpdm", *DPDM, "--nproc", "0"], "--nproc must be at least 1, got 0"),
-    (["dpdm", *DPDM, "--nproc", "2", "--set", "dpsgd.clip=-1"], "dpsgd.clip"),  # checked before any process starts
+    (["dpdm", *TINY_DPDM, "--nproc", "0"], "--nproc must be at least 1, got 0"),
+    (["dpdm", *TINY_DPDM, "--nproc", "2", "--set", "dpsgd.clip=-1"], "dpsgd.clip"),  # checked before any process starts
     (["--resume", "no-such-run", "--nproc", "2"], "no-such-run: not a dpsynth run directory"),
 ])
 def test_bad_input_with_nproc_stops_with_one_line_before_starting_processes(tmp_path, args, message, monkeypatch):

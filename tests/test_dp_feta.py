@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, secret_stream, warmup_step_logged
+from conftest import (
+    TINY_DP_FETA,
+    assert_killed_run_resumes_to,
+    finished_run,
+    privacy_report,
+    secret_stream,
+    warmup_step_logged,
+)
 from kornia.augmentation.auto import RandAugment
 
 from dpsynth.data import ImageSet
@@ -100,18 +107,10 @@ def test_bad_central_settings_are_config_errors():
         CentralQuery("mean", 1, 1.5, 1.0, 1.0, 2, 1.0)
 
 
-TINY = ["dp-feta", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
-        "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
-        "--set", "dpsgd.epochs=0.5", "--set", "dpsgd.checkpoint_every=5", "--set", "central.count=2",
-        "--set", "central.batch_size=300", "--set", "central.clip=8.0", "--set", "warmup.iterations=12",
-        "--set", "warmup.batch_size=8", "--set", "warmup.checkpoint_every=4", "--set", "sampling.num_samples=20",
-        "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false", "--set", "run.seed=0",
-        "--set", "privacy.accountant=rdp"]  # the accountant is not under test here, and RDP calibrates 4x faster
-
 
 @pytest.mark.slow
 def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tmp_path):
-    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean_dir = finished_run(*TINY_DP_FETA, "--set", f"run.out_dir={tmp_path / 'clean'}")
     report = privacy_report(clean_dir)
     assert [stage["name"] for stage in report["stages"]] == ["central-images", "dp-sgd"]
     assert report["epsilon"] <= 8.0 and report["stages"][0]["partitions"] == 10
@@ -119,7 +118,7 @@ def test_dp_feta_runs_and_a_run_killed_in_warm_up_resumes_to_the_clean_result(tm
     assert central["subsampled_gaussian"]["steps"] == 2 and central["gaussian"]["steps"] == 1  # + class size
     assert (clean_dir / "central_images.png").exists()
 
-    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+    assert_killed_run_resumes_to(clean_dir, [*TINY_DP_FETA, "--set", f"run.out_dir={tmp_path / 'crash'}"],
                                  warmup_step_logged(4, "warmup"))
 
 

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_killed_run_resumes_to, dpsynth_main, finished_run, privacy_report, secret_stream
+from conftest import (
+    TINY_DP_IMGSYN,
+    assert_killed_run_resumes_to,
+    dpsynth_main,
+    finished_run,
+    privacy_report,
+    secret_stream,
+)
 
 from dpsynth.api import dataset_from_config, synthetic_dataset
 from dpsynth.errors import DataError
@@ -28,12 +35,6 @@ from dpsynth.privacy.batch_statistics import (
 from dpsynth.runs import RunDirectory
 
 CPU = torch.device("cpu")
-TINY = ["dp-imgsyn", "--dataset", "mnist-5k", "--epsilon", "2", "--set", "teacher.epochs=0.1",
-        "--set", "teacher.batch_size=256", "--set", "sampling.num_samples=60", "--set", "alignment.iterations=3",
-        "--set", "alignment.batch_size=20", "--set", "alignment.temperature=4", "--set", "evaluation.enabled=false",
-        "--set", "teacher.checkpoint_every=1", "--set", "run.seed=0",
-        "--set", "privacy.accountant=rdp"]  # the accountant is not under test here, and RDP calibrates 4x faster
-
 
 def tiny_teacher(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
@@ -129,7 +130,7 @@ def test_distillation_is_temperature_scaled_kl_and_vanishes_at_the_teacher():
 
 @pytest.mark.slow
 def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and_resumes(tmp_path):
-    public_run = finished_run(*TINY, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'public'}")
+    public_run = finished_run(*TINY_DP_IMGSYN, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'public'}")
     privacy = privacy_report(public_run)
     assert [stage["name"] for stage in privacy["stages"]] == ["teacher", "statistics"]
     assert privacy["epsilon"] <= 2.0
@@ -150,15 +151,16 @@ def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and
     assert "`soft_labels`" in sheet and DPImgSyn.paper.url in sheet
     image, label, soft = synthetic_dataset(public_run / "release" / "synthetic.npz")[0]
     assert image.shape == (1, 28, 28) and soft.shape == (10,) and float(soft.sum()) == pytest.approx(1, abs=1e-4)
-    crash = [*TINY, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'crash'}"]
+    crash = [*TINY_DP_IMGSYN, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'crash'}"]
     assert_killed_run_resumes_to(public_run, crash, lambda e: e.get("event") == "teacher" and e["step"] >= 1)
 
-    noise_run = finished_run(*TINY, "--set", "alignment.init=noise", "--set", f"run.out_dir={tmp_path / 'noise'}")
+    noise_run = finished_run(*TINY_DP_IMGSYN, "--set", "alignment.init=noise",
+                             "--set", f"run.out_dir={tmp_path / 'noise'}")
     assert RunDirectory.open(noise_run).ledger() == run.ledger()  # the public images cost nothing
 
 
 def test_the_private_dataset_cannot_be_its_own_public_set(tmp_path):
-    done = dpsynth_main("run", *TINY, "--public", "mnist-5k", "--set", f"run.out_dir={tmp_path}")
+    done = dpsynth_main("run", *TINY_DP_IMGSYN, "--public", "mnist-5k", "--set", f"run.out_dir={tmp_path}")
     assert done.code != 0 and "alignment.public" in done.err and "Traceback" not in done.err, done.err
 
 

@@ -3,31 +3,22 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, assert_report_matches, dpsynth_main, finished_run, privacy_report
+from conftest import (
+    assert_killed_run_resumes_to,
+    assert_report_matches,
+    dpsynth_main,
+    finished_run,
+    privacy_report,
+    tiny_dp_sad,
+)
 from diffusers import DDPMScheduler
 
 from dpsynth.diffusion import Diffusion
-from dpsynth.hardware import usable_cores
 from dpsynth.methods.dp_sad.distillation import Discriminator, discriminator_loss
 from dpsynth.privacy import NonPrivateAccess, PrivacyLedger, SubsampledGaussianMechanism
-
-
-def tiny(out_dir: Path, *extra: str, threads: str = str(usable_cores())) -> list[str]:
-    settings = ["model.block_channels=[8, 16]", "model.norm_groups=4", "teacher.batch_size=64", "teacher.epochs=0.5",
-                "student.batch_size=64", "student.epochs=0.5", "teacher.checkpoint_every=3",
-                "student.checkpoint_every=3", "sampling.num_samples=30", "diffusion.sample_steps=4",
-                "discriminator.pool=40", "discriminator.pool_steps=4", "discriminator.batch_size=16",
-                "evaluation.enabled=false", "run.seed=0", f"run.out_dir={out_dir}",
-                "privacy.accountant=rdp",  # the accountant is not under test here, and RDP calibrates 4x faster
-                # fixed: under load the thread governor would change the thread count, and with it the float
-                # rounding, between the clean and the resumed run (the discriminator then drifts them apart)
-                f"run.threads={threads}"]
-    return ["dp-sad", "--dataset", "digits", "--epsilon", "8", "--device", "cpu", *extra,
-            *[arg for setting in settings for arg in ("--set", setting)]]
 
 
 def epsilons(report: object) -> list[object]:
@@ -39,7 +30,7 @@ def epsilons(report: object) -> list[object]:
 
 
 def test_default_run_accounts_teacher_and_student_then_resumes_from_the_student_phase(tmp_path):
-    run = finished_run(*tiny(tmp_path / "clean"))
+    run = finished_run(*tiny_dp_sad(tmp_path / "clean"))
     ledger = PrivacyLedger.load(run / "ledger.json")
     stages = ledger.stages()
     assert list(stages) == ["teacher", "student"]
@@ -50,17 +41,17 @@ def test_default_run_accounts_teacher_and_student_then_resumes_from_the_student_
     report = privacy_report(run)
     assert report["dp_guarantee"] is True and 7.9 < report["epsilon"] <= 8.0
     assert (run / "teacher_pool.png").is_file()
-    assert_killed_run_resumes_to(run, tiny(tmp_path / "crash"),
+    assert_killed_run_resumes_to(run, tiny_dp_sad(tmp_path / "crash"),
                                  lambda e: e.get("event") == "student" and e["step"] >= 6)
 
 
 def test_non_private_teacher_needs_the_flag_and_then_yields_no_epsilon_anywhere(tmp_path):
-    refused = dpsynth_main("run", *tiny(tmp_path, "--set", "teacher.training=non-private"))
+    refused = dpsynth_main("run", *tiny_dp_sad(tmp_path, "--set", "teacher.training=non-private"))
     assert refused.code == 2
     assert "teacher of dp-sad use the private data without noise" in refused.err
     assert "--allow-non-private" in refused.err and not list(tmp_path.glob("*"))
 
-    done = dpsynth_main("run", "--allow-non-private", *tiny(tmp_path, "--set", "teacher.training=non-private"))
+    done = dpsynth_main("run", "--allow-non-private", *tiny_dp_sad(tmp_path, "--set", "teacher.training=non-private"))
     assert done.code == 0, done.err
     assert "NO differential-privacy guarantee" in done.err  # the warning
     assert "released 30 images with NO differential-privacy guarantee" in done.out

@@ -10,6 +10,8 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    RDP,
+    TINY_DPDM,
     assert_report_matches,
     dpsynth_main,
     dpsynth_run,
@@ -31,13 +33,6 @@ from dpsynth.methods import get_method
 from dpsynth.models import build_unet
 from dpsynth.privacy import NonPrivateAccess, PrivacyLedger
 
-TINY = ["--dataset", "digits", "--epsilon", "8", "--device", "cpu",
-        "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
-        "--set", "dpsgd.epochs=1", "--set", "dpsgd.checkpoint_every=5", "--set", "dpsgd.noise_multiplicity=2",
-        "--set", "sampling.num_samples=30", "--set", "diffusion.sample_steps=4", "--set", "evaluation.enabled=false",
-        "--set", "run.seed=0"]  # a known seed (never for a real release): clean and resumed runs must agree
-RDP = ["--set", "privacy.accountant=rdp"]  # where the accountant is not under test: RDP calibrates 4x faster
-
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
@@ -50,7 +45,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DPSYNTH_LEDGER_DIR", str(root / "evaluation-ledgers"))
         patch.setenv("DPSYNTH_RELEASES", str(root / "releases.json"))
-        done = dpsynth_main("run", "dpdm", *TINY, *[arg for pair in [*evaluation, f"run.out_dir={root}"]
+        done = dpsynth_main("run", "dpdm", *TINY_DPDM, *[arg for pair in [*evaluation, f"run.out_dir={root}"]
                                                     for arg in ("--set", pair)])
     assert done.code == 0, done.err
     return SimpleNamespace(run=run_directory(done.out), printed=done.out)
@@ -99,7 +94,7 @@ def test_dpdm_report_is_rewritten_with_the_evaluation(evaluated):
 
 @pytest.mark.slow
 def test_an_infinite_epsilon_trains_without_noise_only_when_allowed_and_claims_no_epsilon(tmp_path):
-    args = ["dpdm", *TINY, "--epsilon", "inf", "--set", "dpsgd.epochs=0.2", "--set", f"run.out_dir={tmp_path}"]
+    args = ["dpdm", *TINY_DPDM, "--epsilon", "inf", "--set", "dpsgd.epochs=0.2", "--set", f"run.out_dir={tmp_path}"]
     refused = dpsynth_main("run", *args)
     assert refused.code == 2 and "privacy.epsilon inf trains without noise" in refused.err
     assert "--allow-non-private" in refused.err and not list(tmp_path.glob("*"))
@@ -114,8 +109,8 @@ def test_an_infinite_epsilon_trains_without_noise_only_when_allowed_and_claims_n
 
 
 def test_sigkill_during_training_then_resume_matches_a_clean_run(tmp_path):
-    clean_dir = finished_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'clean'}")
-    crash = dpsynth_run("dpdm", *TINY, *RDP, "--set", f"run.out_dir={tmp_path / 'crash'}")
+    clean_dir = finished_run("dpdm", *TINY_DPDM, *RDP, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    crash = dpsynth_run("dpdm", *TINY_DPDM, *RDP, "--set", f"run.out_dir={tmp_path / 'crash'}")
     crash_dir = started(crash)
     kill_after_recorded_steps(crash, crash_dir, 7, timeout=300)  # checkpoint at 5
     assert not (crash_dir / "release" / "synthetic.npz").exists()

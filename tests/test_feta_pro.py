@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_killed_run_resumes_to, finished_run, privacy_report, secret_stream, warmup_step_logged
+from conftest import (
+    TINY_FETA_PRO,
+    assert_killed_run_resumes_to,
+    finished_run,
+    privacy_report,
+    secret_stream,
+    warmup_step_logged,
+)
 
 from dpsynth.api import resolve_config
 from dpsynth.data import DatasetInfo, ImageSet, load_dataset
@@ -129,36 +136,24 @@ def test_each_curriculum_order_plans_its_stages_and_phases(order, stages, phases
     assert method.warmup_phases() == phases
 
 
-TINY = ["feta-pro", "--dataset", "digits", "--epsilon", "8", "--device", "cpu",
-        "--set", "model.block_channels=[8, 16]", "--set", "model.norm_groups=4", "--set", "dpsgd.batch_size=64",
-        "--set", "dpsgd.epochs=0.3", "--set", "dpsgd.checkpoint_every=5", "--set", "central.count=2",
-        "--set", "central.batch_size=300", "--set", "central.clip=8.0", "--set", "warmup.iterations=6",
-        "--set", "warmup.batch_size=8", "--set", "warmup.checkpoint_every=3", "--set", "frequency.features=200",
-        "--set", "generator.epochs=2", "--set", "generator.iterations_per_epoch=5", "--set", "generator.images=100",
-        "--set", "generator.latent=8", "--set", "generator.width=16", "--set", "frequency_warmup.iterations=8",
-        "--set", "frequency_warmup.batch_size=8", "--set", "frequency_warmup.checkpoint_every=4",
-        "--set", "frequency_warmup.sample_steps=2", "--set", "sampling.num_samples=20",
-        "--set", "diffusion.sample_steps=3", "--set", "evaluation.enabled=false", "--set", "run.seed=0",
-        "--set", "privacy.accountant=rdp"]  # the accountant is not under test here, and RDP calibrates 4x faster
-
 
 
 @pytest.mark.slow
 def test_feta_pro_runs_and_a_run_killed_in_the_frequency_warm_up_resumes_to_the_clean_result(tmp_path):
-    clean_dir = finished_run(*TINY, "--set", f"run.out_dir={tmp_path / 'clean'}")
+    clean_dir = finished_run(*TINY_FETA_PRO, "--set", f"run.out_dir={tmp_path / 'clean'}")
     stages = privacy_report(clean_dir)["stages"]
     assert [stage["name"] for stage in stages] == ["central-images", "frequency-features", "dp-sgd"]
     assert privacy_report(clean_dir)["epsilon"] <= 8.0
     assert (clean_dir / "central_images.png").exists() and (clean_dir / "auxiliary_images.png").exists()
 
-    assert_killed_run_resumes_to(clean_dir, [*TINY, "--set", f"run.out_dir={tmp_path / 'crash'}"],
+    assert_killed_run_resumes_to(clean_dir, [*TINY_FETA_PRO, "--set", f"run.out_dir={tmp_path / 'crash'}"],
                                  warmup_step_logged(4, "warmup-frequency"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("order", ["simultaneous", "no-auxiliary"])
 def test_the_other_curricula_run_end_to_end(tmp_path, order):
-    run_dir = finished_run(*TINY, "--set", f"curriculum.order={order}", "--set", f"run.out_dir={tmp_path}")
+    run_dir = finished_run(*TINY_FETA_PRO, "--set", f"curriculum.order={order}", "--set", f"run.out_dir={tmp_path}")
     stages = [stage["name"] for stage in privacy_report(run_dir)["stages"]]
     assert stages == ["central-images", "frequency-features", "dp-sgd"]
     assert (run_dir / "auxiliary_images.png").exists() == (order != "no-auxiliary")

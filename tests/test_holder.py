@@ -8,10 +8,8 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import shown_in_browser
-from PIL import Image
+from conftest import MERF, shown_in_browser, write_patients
 
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
@@ -25,18 +23,6 @@ from dpsynth.privacy import Accountant, PrivacyLedger
 from dpsynth.privacy.progress import PrivacyProgress
 from dpsynth.privacy.releases import HolderLedger, store_path
 from dpsynth.training.context import seconds_after
-
-MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
-
-
-def write_patients(root, patients: int = 12, scans: int = 2, side: int = 28) -> None:
-    """Two class folders of a sub-folder per patient, each holding ``scans`` grey ``side`` x ``side`` PNGs."""
-    rng = np.random.default_rng(0)
-    for patient in range(patients):
-        folder = root / ("healthy" if patient % 2 else "sick") / f"patient-{patient:03d}"
-        folder.mkdir(parents=True)
-        for scan in range(scans):
-            Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).save(folder / f"scan-{scan}.png")
 
 
 def settings(tmp_path) -> list[str]:

@@ -13,8 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import idx_bytes, secret_stream, write_idx_set
-from test_holder import MERF, write_patients
+from conftest import MERF, idx_bytes, secret_stream, write_idx_set, write_patients
 from torch import nn
 
 from dpsynth.api import dataset_from_config, plan_budget_for, planned_config, resolve_config
