@@ -1,6 +1,7 @@
 """The package's layers only look down (import-linter's contract in pyproject.toml), and a back-import fails it."""
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -31,3 +32,13 @@ def test_a_mechanism_that_imports_a_method_breaks_the_contract(tmp_path: Path):
     done = lint_imports(tmp_path)
     assert done.returncode == 1
     assert "dpsynth.privacy.mechanisms -> dpsynth.methods" in done.stdout
+
+
+def test_no_test_module_imports_another_what_they_share_is_in_conftest():
+    modules = {path.stem for path in (ROOT / "tests").glob("test_*.py")}
+    imports = [(path.name, node) for path in sorted((ROOT / "tests").glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    named = [(name, node.module if isinstance(node, ast.ImportFrom) else alias.name)
+             for name, node in imports for alias in node.names]
+    assert [(name, module) for name, module in named if module in modules] == []
+    assert ("test_distributed.py", "conftest") in named  # the walk finds a test's imports
