@@ -1,12 +1,10 @@
-"""The Python API: resolve a method's config, load its dataset, plan its privacy budget."""
+"""The Python API's façade: resolve a method's config, load its dataset, read a release; the planning of a run
+(:mod:`dpsynth.planning`) is re-exported here."""
 from __future__ import annotations
 
-import copy
 import math
-import time
-import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from .autoplan.plan import auto_preset
-from .autoplan.recipes import HOLDER_SIDE, Recommendation, recommend
-from .autoplan.regime import VERDICT_ORDER, Assessment, PlannedTraining, Start, Verdict, assess
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     SCHEMA,
@@ -31,39 +27,47 @@ from .config import (
     parse_overrides,
     with_defaults,
 )
-from .data import Dataset, DatasetInfo, get_source, load_dataset
-from .data.registry import train_size
-from .errors import ConfigError, DpsynthError, PrivacyWarning
+from .data import Dataset, get_source, load_dataset
+from .errors import ConfigError, DpsynthError
 from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
-from .methods import create_method, get_method
-from .methods.base import Method
-from .models.upscaler import SavedUpscaler, load_upscaler
+from .methods import get_method
+from .planning import (
+    HOLDER_SOURCES,
+    TRAINING_SIDES,
+    TRAINING_STAGE,
+    BudgetPlan,
+    check_non_private,
+    check_total_epsilon,
+    check_training_regime,
+    data_key,
+    dataset_stages,
+    draws_images_per_group,
+    format_derived_plan,
+    holder_ledger,
+    method_budget,
+    plan_budget_for,
+    plan_privacy,
+    planned_config,
+    planned_release,
+    recommended_recipe,
+    release_upscaler,
+    resolve_delta,
+    training_dataset,
+    training_info,
+    training_regime,
+    with_earlier_releases,
+    with_public_size,
+    with_training_side,
+)
 from .privacy import (
     ACCOUNTANTS,
-    Accountant,
-    Event,
-    PlannedStage,
-    SubsampledGaussianMechanism,
-    budget_report,
-    default_delta,
-    non_private_stages,
-    plan_budget,
 )
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.dataset_facts import (
-    IMAGES_PER_GROUP,
     SHAPE,
-    SIZE,
-    draws_noisy_shape,
-    draws_noisy_size,
-    held_out_of,
-    noisy_images_per_group,
-    noisy_total,
 )
-from .privacy.releases import HeldRelease, HolderLedger, Total, total
 from .runs import MODEL_CARD, RELEASE
-from .training.upscaler import default_upscaler
 from .utils.device import pick_device
 
 
@@ -157,319 +161,6 @@ def dataset_from_config(config: Config) -> Dataset:
     return with_public_size(config, dataset)
 
 
-def with_public_size(config: Config, dataset: Dataset) -> Dataset:
-    """``dataset`` with the public size of its training split under ``privacy.dataset_size``: ``auto``, the
-    published size of a standard set, else a noisy count; ``noisy``, a noisy count always (once a run drew it:
-    ``privacy.noisy_dataset_size``; until then the size stays private); a number, the declared size of the whole
-    set, from which the training split's follows as the split rules take it."""
-    privacy, info = PrivacySettings.of(config), dataset.info
-    rule = privacy.dataset_size
-    if rule == "auto" and info.size_rule == "published":
-        return dataset
-    total, how = (rule, "declared") if isinstance(rule, int) else (privacy.noisy_dataset_size, "noisy")
-    if total is None:
-        return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
-    size = train_size(int(total), *held_out_of(config), info.official_test,
-                      f"{info.name} (privacy.dataset_size {how}: {total})")
-    return replace(dataset, info=replace(info, public_train=size, size_rule=how))
-
-
-def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
-    """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
-    derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
-    return (config["preset"] == AUTO_PRESET and info.unit == "group"
-            and "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys)
-
-
-def resolve_delta(config: Config, num_train: int) -> float:
-    """privacy.delta, or 1 / (N ln N) when unset; warns when delta >= 1 / N."""
-    delta = PrivacySettings.of(config).delta
-    delta = default_delta(num_train) if delta is None else delta
-    if delta >= 1.0 / num_train:
-        warnings.warn(f"delta = {delta:.3g} is not below 1/N = {1.0 / num_train:.3g} (N = {num_train}): "
-                      "a mechanism could then release a whole record with probability delta",
-                      PrivacyWarning, stacklevel=2)
-    return delta
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """A run's accountant, delta, target epsilon and each stage's events (calibrated noise filled in), planned
-    for a training split of ``size`` records."""
-
-    accountant: Accountant
-    delta: float
-    target: float
-    stages: dict[str, list[Event]]
-    size: int
-
-
-# The sources that read a holder's own files: their releases are counted by where the data lives, every other
-# source's by its name (the same standard set wherever its files are).
-HOLDER_SOURCES = ("folder", "npz")
-
-
-def data_key(config: Config) -> str:
-    """The data set a run releases from, as the holder's ledger counts it: a folder's or file's full path
-    (``folder:/data/scans``), else the standard set's name."""
-    settings = DatasetSettings.of(config)
-    if settings.name == "memory" and settings.data_dir:
-        return settings.data_dir  # memory:<SHA-256 of the arrays>
-    if settings.name in HOLDER_SOURCES and settings.data_dir:
-        return f"{settings.name}:{Path(settings.data_dir).expanduser().resolve()}"
-    return settings.name
-
-
-def holder_ledger(config: Config) -> HolderLedger:
-    """The holder's ledger ``privacy.holder_ledger`` names, else the user's (:mod:`dpsynth.privacy.releases`)."""
-    path = PrivacySettings.of(config).holder_ledger
-    return HolderLedger(Path(path).expanduser() if path else None)
-
-
-def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
-    """The holder's ledger entry of a run of ``config`` at its plan, before any mechanism ran."""
-    unit = DatasetSettings.of(config).unit_name or ("person" if info.unit == "group" else "image")
-    return HeldRelease(data_key(config), run, config["method"], unit, time.strftime("%Y-%m-%d", time.gmtime()),
-                       "running", budget.delta, budget.accountant.kind, budget.stages)
-
-
-def with_earlier_releases(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str = "") -> Total:
-    """The ε of every release counted from this data (but the run ``run``) and a run of ``config`` at its plan, all
-    together."""
-    earlier = holder_ledger(config).counted(data_key(config), without=run)
-    return total([*earlier, planned_release(config, info, budget, run)], budget.accountant.kind)
-
-
-def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> None:
-    """ConfigError when the run ``run`` at its plan would take every release counted from this data over
-    ``privacy.total_epsilon`` (the holder's cap) together."""
-    cap = PrivacySettings.of(config).total_epsilon
-    if cap is None:
-        return
-    found = with_earlier_releases(config, info, budget, run)
-    earlier = found.releases[:-1]
-    if found.epsilon is None or found.epsilon > cap * (1 + 1e-9):
-        spent = "no DP guarantee" if found.epsilon is None else f"ε = {found.epsilon:.4f}"
-        raise ConfigError(f"privacy.total_epsilon = {cap:g}: this run at ε = {budget.target:g} and the "
-                          f"{len(earlier)} earlier release(s) from {data_key(config)} would spend {spent} together "
-                          f"(δ = {found.delta:.3g}); nothing was run. `dpsynth budget` lists them; mark one never "
-                          "shared (`dpsynth budget --not-shared RUN`), lower privacy.epsilon, or raise the cap")
-
-
-def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
-    """Calibrate the stages of ``config``'s method so the whole run on ``info``'s training split meets the
-    target (:func:`method_budget` of the method built from it)."""
-    return method_budget(create_method(config), info)
-
-
-def method_budget(method: Method, info: DatasetInfo) -> BudgetPlan:
-    """Calibrate ``method``'s stages so the whole run on ``info``'s training split meets its config's target."""
-    config = method.config
-    delta = resolve_delta(config, info.num_train)
-    privacy = PrivacySettings.of(config)
-    accountant, target = Accountant(privacy.accountant), privacy.epsilon
-    stages = plan_budget(dataset_stages(config, info) + method.privacy_stages(info), target, delta, accountant)
-    check_non_private(config, stages)
-    return BudgetPlan(accountant, delta, target, stages, info.num_train)
-
-
-def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
-    """The mechanisms a run of ``config`` on ``info`` releases facts of its dataset with, before the method's:
-    the shape a DP vote decides, the noisy size, and with groups under a derived plan the noisy mean of a
-    person's images."""
-    drawn = ((SHAPE, draws_noisy_shape(config)), (SIZE, draws_noisy_size(info)),
-             (IMAGES_PER_GROUP, draws_images_per_group(config, info)))
-    return [fact.planned() for fact, draws in drawn if draws]
-
-
-# The DP-SGD stage whose training the recorded outcomes measure (a diffusion model's: autoplan.regime).
-TRAINING_STAGE = "dp-sgd"
-
-
-def training_regime(method: Method, info: DatasetInfo, budget: BudgetPlan) -> list[Assessment]:
-    """The recorded outcomes' verdict on each calibrated DP-SGD step of ``method``'s stage :data:`TRAINING_STAGE`
-    (:mod:`dpsynth.autoplan.regime`): sigma, the expected batch q x N, the steps and the side, all public."""
-    if not method.pixel_regime:
-        return []
-    start: Start = "public model" if method.starts_from_public_model() else "random"
-    return [assess(PlannedTraining(TRAINING_STAGE, event.noise_multiplier, event.sample_rate * info.num_train,
-                                   event.steps, info.height, start))
-            for event in budget.stages.get(TRAINING_STAGE, []) if isinstance(event, SubsampledGaussianMechanism)]
-
-
-def recommended_recipe(config: Config, info: DatasetInfo) -> Recommendation | None:
-    """The measured recipe for data of ``info``'s N (as planning uses it), side and channels at ``config``'s epsilon
-    and time budget (:mod:`dpsynth.autoplan.recipes`); None for data under :data:`HOLDER_SIDE` px, which the recipes
-    do not cover."""
-    side = info.release_side or info.height
-    if side < HOLDER_SIDE:
-        return None
-    budget = parse_duration(PlanSettings.of(config).time_budget) / 60
-    return recommend(info.num_train, side, info.channels, PrivacySettings.of(config).epsilon, budget)
-
-
-def check_training_regime(config: Config, assessments: list[Assessment]) -> None:
-    """ConfigError, with what would do, when the recorded outcomes say the plan's DP-SGD will not learn, unless
-    ``plan.force`` is set."""
-    failing = [assessment for assessment in assessments if assessment.verdict == "fails"]
-    if not failing or PlanSettings.of(config).force:
-        return
-    facts = "\n".join(line for assessment in failing for line in assessment.lines())
-    raise ConfigError(
-        f"{facts}\nnothing was spent: this plan's DP-SGD is where every recorded run learned nothing. What would "
-        "do: a longer --time-budget (more steps, larger batches), a smaller training side lifted back by a public "
-        "upscaler (--set dataset.train_resolution=32), a "
-        "method that releases a few noisy statistics (dp-merf; dp-feta's central images; pe), a model pre-trained "
-        "on public images (pdp-diffusion), or a GPU; --set plan.force=true runs it anyway (the datasheet says so)")
-
-
-def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
-    """ConfigError for stages that use the data without noise unless ``run.allow_non_private``; else a warning."""
-    unprotected = non_private_stages(stages)
-    if not unprotected:
-        return
-    what = (f"stage(s) {', '.join(unprotected)} of {config['method']} use the private data without noise, so "
-            "the release has NO differential-privacy guarantee and no epsilon")
-    if not RunSettings.of(config).allow_non_private:
-        raise ConfigError(f"{what}; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
-    warnings.warn(what, PrivacyWarning, stacklevel=2)
-
-
-def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_size: bool = False
-                   ) -> tuple[Config, Dataset]:
-    """The config a run of ``config`` on ``dataset`` uses, and the dataset as training reads it (its planning size,
-    at the training side :func:`training_dataset` gives): for preset ``auto`` the plan derived on ``device``
-    (:mod:`dpsynth.autoplan`), its training side chosen by :func:`with_training_side`; a fixed preset checked to
-    fit the data.
-
-    A plan (derived, or a fixed preset's check) reads N, so where the size is private it follows the noisy count,
-    which ``draw_size`` (a run) draws now, before the plan (``privacy.noisy_dataset_size``; the run records its
-    mechanism); without it (a plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses
-    it."""
-    from .autoplan.plan import derive_config
-
-    began = time.perf_counter()
-    if draw_size and with_public_size(config, dataset).info.size_rule == "private":
-        config = copy.deepcopy(config)
-        config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
-    dataset = with_public_size(config, dataset)
-    if draw_size and draws_images_per_group(config, dataset.info) and \
-            PrivacySettings.of(config).noisy_images_per_group is None:
-        config = copy.deepcopy(config)
-        config["privacy"]["noisy_images_per_group"] = noisy_images_per_group(dataset, config)
-    config = with_training_side(config, dataset.info, device)
-    info = training_info(config, dataset.info)
-    if draw_size and info.release_side is not None and config["preset"] == AUTO_PRESET:
-        started = time.perf_counter()  # a run trains the default upscaler once per side, within its budget
-        upscaler = release_upscaler(config, info, device)
-        assert upscaler is not None  # the release side is above the training side
-        config = copy.deepcopy(config)
-        config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()),
-                                       f"release.upscaler {upscaler.name!r} ready in "
-                                       f"{time.perf_counter() - started:.0f} s (public images only)"]
-    if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
-        ready = get_method(config["method"]).ready_public_parts(config, info, device)
-        if ready and config["preset"] == AUTO_PRESET:  # within the derived plan's budget
-            config = copy.deepcopy(config)
-            config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()), *ready]
-    # the budget covers the whole command: what the side search and the public parts took is spent already
-    return derive_config(config, info, device, spent=time.perf_counter() - began), training_dataset(config, dataset)
-
-
-# The sides a derived plan may train at below the data's (then lifted by the release's upscaler).
-TRAINING_SIDES = (28, 32, 64)
-
-
-def training_info(config: Config, info: DatasetInfo) -> DatasetInfo:
-    """``info`` as training reads the data: at ``dataset.train_resolution`` where that is below its side (ConfigError
-    where it is above)."""
-    side = DatasetSettings.of(config).train_resolution
-    if not isinstance(side, int) or side == info.height:
-        return info
-    if side > info.height:
-        raise ConfigError(f"dataset.train_resolution {side}: above the data's side, {info.height} px; training reads "
-                          "the images at their side or smaller")
-    return replace(info, height=side, width=side, release_side=info.height)
-
-
-def training_dataset(config: Config, dataset: Dataset) -> Dataset:
-    """``dataset`` as training reads it (:func:`training_info`): its images shrunk by area averaging where
-    ``dataset.train_resolution`` is below their side."""
-    side = training_info(config, dataset.info).height
-    return dataset if side == dataset.info.height else dataset.at_side(side)
-
-
-def with_training_side(config: Config, info: DatasetInfo, device: torch.device) -> Config:
-    """``config`` with ``dataset.train_resolution`` chosen, for a derived plan that left it auto on data at least
-    twice the smallest of :data:`TRAINING_SIDES`: from the smallest side up (each at most half the data's), then the
-    data's side, the plan at each side is judged by the recorded outcomes (:func:`training_regime`); the largest
-    side at which it is expected to learn, else the smallest side. Every side's verdict is recorded in the plan's
-    decisions. Unchanged for a method whose training the records do not measure (PE, DP-MERF, DP-SAD, ...)."""
-    from .autoplan.plan import derive_config
-
-    kept = PlanSettings.of(config).user_keys
-    smaller = [side for side in TRAINING_SIDES if 2 * side <= info.height]  # a lift of less than 2x buys little
-    method = get_method(config["method"])  # a diffusion model's DP-SGD on pixels (TRAINING_STAGE), as recorded
-    recorded = "dpsgd" in method.dpsgd_sections and method.pixel_regime
-    if config["preset"] != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
-        return config
-    tried: list[tuple[int, Verdict, Config]] = []
-    for side in [*smaller, info.height]:
-        trial = copy.deepcopy(config)
-        trial["dataset"]["train_resolution"] = side
-        at_side = training_info(trial, info)
-        planned = derive_config(trial, at_side, device)
-        built = create_method(planned)
-        regime = training_regime(built, at_side, method_budget(built, at_side))
-        verdict = max((item.verdict for item in regime), key=VERDICT_ORDER.index)
-        tried.append((side, verdict, trial))
-        if verdict != "learns":
-            break
-    learned = [choice for choice in tried if choice[1] == "learns"]
-    side, _, chosen = learned[-1] if learned else tried[0]
-    words = ", ".join(f"{tried_side} px {tried_verdict}" for tried_side, tried_verdict, _ in tried)
-    lift = f", the release lifted to {info.height} px by release.upscaler" if side < info.height else ""
-    chosen["plan"]["decisions"] = [f"training side {side} px of the data's {info.height} ({words}){lift}"]
-    return chosen
-
-
-def release_upscaler(config: Config, info: DatasetInfo, device: torch.device) -> SavedUpscaler | None:
-    """The model that lifts the release from the training side to ``info.release_side`` (None when training reads
-    the data at its side): ``release.upscaler``'s folder, or the default one (trained once per side on images
-    that installed packages ship); ConfigError when it lifts to another side."""
-    if info.release_side is None:
-        return None
-    setting = ReleaseSettings.of(config).upscaler
-    saved = default_upscaler(info.release_side, device) if setting == "default" else load_upscaler(setting)
-    if saved.record.get("side") != info.release_side:
-        raise ConfigError(f"release.upscaler: {saved.folder} lifts images to {saved.record.get('side')} px, but the "
-                          f"release is at the data's {info.release_side} px; write one for that side with dpsynth "
-                          f"pretrain --upscaler --set dataset.resolution={info.release_side}")
-    return saved
-
-
-def format_derived_plan(config: Config) -> str:
-    """The derived plan in words: its budget, base preset, decisions and the expected minutes of each phase."""
-    plan = PlanSettings.of(config)
-    expected, probe, decisions = plan.expected_seconds or {}, plan.probe or {}, plan.decisions or ()
-    lines = [f"derived plan (--preset auto, from the {plan.base} preset) for a time budget of "
-             f"{plan.time_budget} on {probe.get('device')}:"]
-    lines += [f"  {decision}" for decision in decisions]
-    lines.append("  expected wall time: " + ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds
-                                                     in expected.items() if phase != "total")
-                 + f"; total {expected['total'] / 60:.1f} min")
-    return "\n".join(lines)
-
-
-def plan_privacy(config: Config, info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
-    """The run's privacy plan (``plan``, else calibrated now): each stage's noise (one calibrated) and share of the
-    target epsilon."""
-    plan = plan or plan_budget_for(config, info)
-    report = budget_report(plan.stages, plan.accountant, plan.delta)
-    return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
-            **report}
-
-
 def synthetic_dataset(path: str | Path) -> TensorDataset:
     """A released ``synthetic.npz`` as a PyTorch dataset of (image, label) pairs, images float C x H x W in
     [0, 1] and labels int64, or (image, label, soft label) when the release has soft labels; DataError naming the
@@ -492,3 +183,15 @@ def load_generator(release_dir: str | Path, device: str = "auto") -> Generator:
     if not (path / Path(MODEL_CARD).name).is_file() and (path / MODEL_CARD).is_file():
         path = path / RELEASE
     return read_generator(path, pick_device(device))
+
+
+# The façade: configuration, data and releases here; planning re-exported from dpsynth.planning.
+__all__ = [
+    "BudgetPlan", "HOLDER_SOURCES", "TRAINING_SIDES", "TRAINING_STAGE", "check_non_private",
+    "check_total_epsilon", "check_training_regime", "data_key", "dataset_from_config", "dataset_stages",
+    "draws_images_per_group", "format_derived_plan", "holder_ledger", "load_generator", "method_budget",
+    "plan_budget_for", "plan_privacy", "planned_config", "planned_release", "recommended_recipe",
+    "release_upscaler", "resolve_config", "resolve_delta", "stored_config", "synthetic_dataset",
+    "training_dataset", "training_info", "training_regime", "validate_config", "with_earlier_releases",
+    "with_public_size", "with_training_side",
+]

@@ -182,14 +182,13 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
-    from .api import (
-        dataset_from_config,
+    from .api import dataset_from_config, resolve_config
+    from .planning import (
         format_derived_plan,
         method_budget,
         plan_privacy,
         planned_config,
         recommended_recipe,
-        resolve_config,
         training_regime,
         with_earlier_releases,
     )
@@ -326,9 +325,10 @@ def _run_processes(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     began = time.perf_counter()  # plan.time_budget counts from here: the imports and the data are in it
-    from .api import dataset_from_config, plan_budget_for, resolve_config
+    from .api import dataset_from_config, resolve_config
     from .evaluation import METRICS
     from .pipeline import resumable, resume, start
+    from .planning import plan_budget_for
 
     if args.nproc < 1:
         raise DpsynthError(f"--nproc must be at least 1, got {args.nproc}")

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from .api import HOLDER_SOURCES
 from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, ReleaseSettings
 from .data import DatasetInfo
 from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
+from .planning import HOLDER_SOURCES
 from .privacy.dataset_facts import SHAPE
 
 SIZE_RULES = {"published": "the standard split's published size", "declared": "declared public by the data holder",

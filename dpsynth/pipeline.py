@@ -13,26 +13,7 @@ from typing import Any
 import torch
 import yaml
 
-from .api import (
-    BudgetPlan,
-    PrivacyWarning,
-    check_total_epsilon,
-    check_training_regime,
-    data_key,
-    dataset_from_config,
-    format_derived_plan,
-    holder_ledger,
-    method_budget,
-    planned_config,
-    planned_release,
-    release_upscaler,
-    resolve_delta,
-    stored_config,
-    training_dataset,
-    training_regime,
-    validate_config,
-    with_public_size,
-)
+from .api import dataset_from_config, stored_config, validate_config
 from .autoplan.plan import budget_held
 from .autoplan.rules import parse_duration
 from .config import (
@@ -62,6 +43,22 @@ from .methods import create_method, get_method
 from .methods.base import Method
 from .models.upscaler import SavedUpscaler
 from .officer import OFFICER_PAGE, near_chance, write_officer_page
+from .planning import (
+    BudgetPlan,
+    check_total_epsilon,
+    check_training_regime,
+    data_key,
+    format_derived_plan,
+    holder_ledger,
+    method_budget,
+    planned_config,
+    planned_release,
+    release_upscaler,
+    resolve_delta,
+    training_dataset,
+    training_regime,
+    with_public_size,
+)
 from .privacy import (
     Accountant,
     LedgerPlan,

@@ -34,12 +34,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..api import dataset_from_config, plan_budget_for, resolve_config
+from ..api import dataset_from_config, resolve_config
 from ..config import BASE_CONFIG, Config, EvaluationSection, flat_keys, get_value, section_defaults
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS
+from ..planning import plan_budget_for
 from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, machine_type, write_results
 

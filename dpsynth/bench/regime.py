@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from ..api import TRAINING_STAGE
 from ..autoplan.regime import Outcome, Start
 from ..methods import get_method
+from ..planning import TRAINING_STAGE
 from ..runs import PRIVACY, REHEARSAL
 from .frontier import RAN_ON, RELEASED_SHAPE
 
