@@ -10,23 +10,24 @@ its ledger, checkpoints, release and privacy.json, and enters the holder's ledge
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .api import load_generator, resolve_config
-from .config import Config
+from .config import Config, DatasetSettings
 from .data.memory import hold_arrays
 from .errors import DpsynthError
 from .evaluation import Release, read_release
 from .export import export_release
 from .generators import Samples
 from .methods import get_method
-from .pipeline import start
+from .pipeline import resume, start
 from .runs import PRIVACY, RELEASE, SYNTHETIC, RunDirectory, inside_release
 
 
@@ -44,6 +45,7 @@ class Synthesizer:
                          **{key.replace("__", "."): value for key, value in settings.items()}}
         self._config("memory:")  # its keys and values checked before any data is handed over
         self.run: RunDirectory | None = None
+        self.stopped: Path | None = None  # the run directory of a fit a stop interrupted, which resume() continues
 
     def _config(self, data_dir: str) -> Config:
         return resolve_config(self.method, dataset="memory", data_dir=data_dir, epsilon=self.epsilon,
@@ -54,8 +56,37 @@ class Synthesizer:
         """Train on ``images`` (N x C x H x W, N x H x W x C or N x H x W; uint8, or floats in [0, 1]; NumPy or torch)
         with integer ``labels``, optional ``groups`` (a person's id per image: each person is then one record) and
         the class names (or their number: they are not read from the labels), then release; returns itself."""
-        self.run = start(self._config(hold_arrays(images, labels, groups, class_names, num_classes)))
+        with self._noting_a_stop():
+            self.run = start(self._config(hold_arrays(images, labels, groups, class_names, num_classes)))
         return self
+
+    def resume(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
+               num_classes: int | None = None, run_dir: str | Path | None = None) -> Synthesizer:
+        """Continue the fit a stop interrupted (Ctrl-C; ``run_dir``: that run's directory, default the last stopped
+        fit of this synthesizer) from its last checkpoint, on the same arrays handed over again: its plan, ledger and
+        entry in the holder's ledger go on, so nothing is spent twice. DpsynthError when there is no stopped fit or
+        the arrays are not the ones it read."""
+        directory = run_dir if run_dir is not None else self.stopped
+        if directory is None:
+            raise DpsynthError(f"this {self.method} Synthesizer has no stopped fit to resume; give run_dir=")
+        run = RunDirectory.open(directory)
+        data_dir = hold_arrays(images, labels, groups, class_names, num_classes)
+        if DatasetSettings.of(run.config()).data_dir != data_dir:
+            raise DpsynthError(f"{run.path}: these arrays are not the ones the stopped fit read (their SHA-256 "
+                               "differs): hand over the same images, labels, groups and class names")
+        with self._noting_a_stop():
+            self.run = resume(str(run.path))
+        self.stopped = None
+        return self
+
+    @contextlib.contextmanager
+    def _noting_a_stop(self) -> Iterator[None]:
+        """Keep the run directory of a fit that a stop interrupts, for :meth:`resume`."""
+        try:
+            yield
+        except KeyboardInterrupt as stop:
+            self.stopped = getattr(stop, "run_directory", None)
+            raise
 
     @property
     def run_dir(self) -> Path:

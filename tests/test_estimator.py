@@ -2,7 +2,12 @@
 the same data and settings."""
 from __future__ import annotations
 
+import _thread
 import json
+import os
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +20,8 @@ from dpsynth.config import parse_overrides
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from dpsynth.methods import METHODS
+from dpsynth.privacy import PrivacyLedger
+from dpsynth.privacy.releases import HolderLedger
 
 SETTINGS = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", "run.seed=3"]
 NAMES = [str(digit) for digit in range(10)]
@@ -63,3 +70,46 @@ def test_a_synthesizer_names_a_bad_setting_or_array_before_it_trains(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing was run
     with pytest.raises(DpsynthError, match="pe releases a set of images, not a model"):
         dpsynth.Synthesizer("pe", epsilon=5.0, preset="cpu").sample(3)
+
+
+def interrupt_after_recorded_steps(root: Path, steps: int) -> threading.Thread:
+    """A thread that raises KeyboardInterrupt in the main thread (as Ctrl-C does) once the run under ``root`` has
+    recorded ``steps`` mechanism steps and saved a checkpoint."""
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for ledger in root.glob("*/ledger.json"):
+                recorded = sum(getattr(event, "steps", 0) for event in PrivacyLedger.load(ledger).events())
+                if recorded >= steps and (ledger.parent / "checkpoint.pt").exists():
+                    _thread.interrupt_main()
+                    return
+            time.sleep(0.01)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_a_fit_stopped_by_ctrl_c_resumes_on_the_same_arrays_and_spends_once(tmp_path):
+    digits = load_digits()
+    images, labels = digits.images.astype(np.uint8) * 16, digits.target
+    settings = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", "dpsgd.epochs=4"]  # about 90 steps
+    keywords = {key.replace(".", "__"): value for key, value in parse_overrides(settings)}
+    synthesizer = dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", out_dir=tmp_path / "runs", **keywords)
+    with pytest.raises(DpsynthError, match="no stopped fit to resume"):
+        synthesizer.resume(images, labels, class_names=NAMES)
+    watcher = interrupt_after_recorded_steps(tmp_path / "runs", steps=4)
+    with pytest.raises(KeyboardInterrupt):
+        synthesizer.fit(images, labels, class_names=NAMES)
+    watcher.join()
+    stopped = synthesizer.stopped
+    assert stopped is not None and not (stopped / "release").exists()
+    with pytest.raises(DpsynthError, match="not the ones the stopped fit read"):
+        synthesizer.resume(images[:-1], labels[:-1], class_names=NAMES)
+    assert synthesizer.resume(images, labels, class_names=NAMES).run_dir == stopped and synthesizer.stopped is None
+    log = [json.loads(line) for line in (stopped / "log.jsonl").read_text().splitlines()]
+    (plan,) = [event["plan"] for event in log if event["event"] == "start"]
+    assert [event["event"] for event in log].count("resume") == 1
+    assert [stage["mechanisms"] for stage in synthesizer.privacy["stages"]] == [stage["mechanisms"] for stage in plan]
+    assert synthesizer.privacy["epsilon"] <= 5.0
+    (entry,) = HolderLedger(Path(os.environ["DPSYNTH_RELEASES"])).releases()  # one release, not a second start
+    assert entry.run == str(stopped.resolve()) and entry.status != "running"
