@@ -21,7 +21,7 @@ import torch
 
 from .api import load_generator, resolve_config
 from .config import Config, DatasetSettings
-from .data.memory import hold_arrays
+from .data.memory import hold_arrays, let_go
 from .errors import DpsynthError
 from .evaluation import Release, read_release
 from .export import export_release
@@ -56,8 +56,9 @@ class Synthesizer:
         """Train on ``images`` (N x C x H x W, N x H x W x C or N x H x W; uint8, or floats in [0, 1]; NumPy or torch)
         with integer ``labels``, optional ``groups`` (a person's id per image: each person is then one record) and
         the class names (or their number: they are not read from the labels), then release; returns itself."""
-        with self._noting_a_stop():
-            self.run = start(self._config(hold_arrays(images, labels, groups, class_names, num_classes)))
+        data_dir = hold_arrays(images, labels, groups, class_names, num_classes)
+        with self._noting_a_stop(data_dir):
+            self.run = start(self._config(data_dir))
         return self
 
     def resume(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
@@ -74,19 +75,22 @@ class Synthesizer:
         if DatasetSettings.of(run.config()).data_dir != data_dir:
             raise DpsynthError(f"{run.path}: these arrays are not the ones the stopped fit read (their SHA-256 "
                                "differs): hand over the same images, labels, groups and class names")
-        with self._noting_a_stop():
+        with self._noting_a_stop(data_dir):
             self.run = resume(str(run.path))
         self.stopped = None
         return self
 
     @contextlib.contextmanager
-    def _noting_a_stop(self) -> Iterator[None]:
-        """Keep the run directory of a fit that a stop interrupts, for :meth:`resume`."""
+    def _noting_a_stop(self, data_dir: str) -> Iterator[None]:
+        """Keep the run directory of a fit that a stop interrupts, for :meth:`resume`; let the arrays named
+        ``data_dir`` go when the fit ends, however it ends (a resume hands them over again)."""
         try:
             yield
         except KeyboardInterrupt as stop:
             self.stopped = getattr(stop, "run_directory", None)
             raise
+        finally:
+            let_go(data_dir)
 
     @property
     def run_dir(self) -> Path:

@@ -36,7 +36,7 @@ from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
 from .datasheet import datasheet, unit_name
 from .distributed import World
-from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError
+from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError, PrivacyWarning
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
 from .hardware import AUTO, hardware_choices, thread_governor
 from .methods import create_method, get_method

@@ -16,6 +16,7 @@ from conftest import dpsynth_main
 from sklearn.datasets import load_digits
 
 import dpsynth
+from dpsynth.api import dataset_from_config
 from dpsynth.config import parse_overrides
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError, PrivacyWarning
@@ -43,6 +44,8 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
     command_line = json.loads(next((tmp_path / "cli").glob("*/release/privacy.json")).read_text())
     for key in ("epsilon", "delta", "accountant", "stages", "dataset_size", "dataset_size_rule", "unit"):
         assert synthesizer.privacy[key] == command_line[key], key
+    with pytest.raises(DataError, match="no arrays held"):  # a fit that ended lets its arrays go
+        dataset_from_config(synthesizer.run.config())
     assert synthesizer.synthetic.images.shape == (20, 1, 8, 8) and synthesizer.synthetic.class_names == tuple(NAMES)
     assert synthesizer.sample(3).images.shape == (3, 1, 8, 8)  # the released model, at no further epsilon
     shared = synthesizer.release(tmp_path / "shared")

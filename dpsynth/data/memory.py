@@ -1,7 +1,7 @@
 """Images a Python user holds in memory (NumPy arrays or tensors, as a notebook has them) as a dataset, the ``memory``
 source: held in this process under the SHA-256 of their contents, which names them in a run's configuration
 (``dataset.data_dir: memory:<digest>``) and in the holder's ledger, so the same arrays fitted again are the same
-data (and a stopped run resumes once they are held again)."""
+data (and a stopped run resumes once they are held again). They are held while a fit runs, not after it."""
 from __future__ import annotations
 
 import hashlib
@@ -45,6 +45,12 @@ def hold_arrays(images: Any, labels: Any, groups: Any = None, class_names: Seque
     key = PREFIX + digest.hexdigest()
     _HELD[key] = RawDataset(image_array, label_array.astype(np.int64), names, "arrays in memory", groups=group_array)
     return key
+
+
+def let_go(data_dir: str) -> None:
+    """Stop holding the arrays named ``data_dir`` (a fit that ended no longer needs them; resuming hands them over
+    again)."""
+    _HELD.pop(data_dir, None)
 
 
 def load_memory(options: LoadOptions) -> RawDataset:
