@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
+from .config import DatasetSettings, PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
 from .methods import METHODS, create_method, shortcuts
@@ -84,7 +84,7 @@ SIZE_WORDS = {"published": "published size", "declared": "declared public", "noi
 
 def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
-        f"{config['method']} on {config['dataset']['name']} (N = {plan['dataset_size']}, "
+        f"{config['method']} on {DatasetSettings.of(config).name} (N = {plan['dataset_size']}, "
         f"{SIZE_WORDS[plan['dataset_size_rule']]}), preset {config['preset']}, accountant {plan['accountant']}",
         f"target epsilon = {plan['target_epsilon']:g} at delta = {plan['delta']:.3g}",
         f"{'stage':<20}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"

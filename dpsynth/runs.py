@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, PrivacySettings, RunSettings, dump_config, load_config
+from .config import Config, DatasetSettings, PrivacySettings, RunSettings, dump_config, load_config
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
@@ -90,7 +90,7 @@ def run_name(config: Config, when: time.struct_time | None = None) -> str:
     use the data without noise (``run.allow_non_private``), whose release no epsilon covers."""
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
     budget = "nodp" if RunSettings.of(config).allow_non_private else f"eps{PrivacySettings.of(config).epsilon:g}"
-    return f"{config['method']}-{config['dataset']['name']}-{budget}-{stamp}"
+    return f"{config['method']}-{DatasetSettings.of(config).name}-{budget}-{stamp}"
 
 
 class RunDirectory:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,3 +43,15 @@ def test_no_test_module_imports_another_what_they_share_is_in_conftest():
              for name, node in imports for alias in node.names]
     assert [(name, module) for name, module in named if module in modules] == []
     assert ("test_distributed.py", "conftest") in named  # the walk finds a test's imports
+
+
+RAW_READS = re.compile(r"\bconfig(\[|\.get\()")
+RAW_READS_LEFT = 91  # lower it as the reads go: every section is to be read through its typed settings class
+
+
+def test_the_raw_config_dict_is_read_outside_the_configuration_module_no_more_than_before():
+    files = [path for path in (ROOT / "dpsynth").rglob("*.py") if path != ROOT / "dpsynth" / "config.py"]
+    reads = [f"{path.relative_to(ROOT)}:{number}" for path in files
+             for number, line in enumerate(path.read_text().splitlines(), 1) if RAW_READS.search(line)]
+    assert len(reads) <= RAW_READS_LEFT, "new raw reads of the config dict; read the section's settings class:\n" + \
+        "\n".join(reads)

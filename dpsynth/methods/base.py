@@ -124,8 +124,8 @@ class Method(ABC):
         """Learn from the private training split, recording every mechanism in ``context.ledger``."""
 
     def starts_from_public_model(self) -> bool:
-        """Whether its DP-SGD starts from a model trained on public images (``model.init_from``)."""
-        return bool(self.config.get("model", {}).get("init_from"))
+        """Whether its DP-SGD starts from a model trained on public images (none by default)."""
+        return False
 
     def pretraining_data(self, public: ImageSet, info: DatasetInfo, device: torch.device
                          ) -> tuple[ImageSet, dict[str, Any]]:
@@ -221,6 +221,10 @@ class DiffusionMethod(Method):
         self.trainer = DiffusionTrainer(config, self.class_starts, self.name)
         self.model: torch.nn.Module | None = None
         self.info: DatasetInfo | None = None
+
+    def starts_from_public_model(self) -> bool:
+        """Whether its diffusion model starts from one pre-trained on public images (``model.init_from``)."""
+        return bool(self.trainer.unet_settings.init_from)
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         return self.trainer.public_data()

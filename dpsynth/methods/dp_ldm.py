@@ -139,7 +139,7 @@ class DPLDM(DPDM):
         encoding the private images is a phase of its own, by the image."""
         probes = self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
                                      self.model_shape(self.config, shape), num_classes, device)
-        sample, steps = probes.sampling, int(self.config["diffusion"]["sample_steps"])
+        sample, steps = probes.sampling, self.trainer.settings.sample_steps
         encoding = {ENCODING_PHASE: lambda: coding_cost(self.config, shape, device, decode=False)}
         if sample is None:
             return replace(probes, phases={**probes.phases, **encoding})

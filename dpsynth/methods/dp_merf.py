@@ -74,8 +74,8 @@ class DPMERF(Method):
 
     @classmethod
     def phase_units(cls, config: dict[str, Any], num_images: float) -> dict[str, float]:
-        generator = config["generator"]
-        return {FEATURES_PHASE: num_images, GENERATOR_PHASE: generator["epochs"] * generator["iterations_per_epoch"]}
+        generator = section_settings(GeneratorSettings, config, "generator")
+        return {FEATURES_PHASE: num_images, GENERATOR_PHASE: generator.epochs * generator.iterations_per_epoch}
 
     def fit(self, context: RunContext) -> None:
         """Release the means and fit the generator on rank 0 (each released in turn, or restored), then save a

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import Config, DatasetSettings, at_least, positive, preset_with, section_settings
+from ...config import Config, DatasetSettings, SamplingSettings, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
@@ -231,7 +231,8 @@ class DPImgSyn(Method):
     @classmethod
     def release_units(cls, config: Config) -> float:
         """Image-iterations of alignment."""
-        return config["sampling"]["num_samples"] * config["alignment"]["iterations"]
+        alignment = section_settings(AlignmentSettings, config, "alignment")
+        return SamplingSettings.of(config).num_samples * alignment.iterations
 
     def public_data(self, info: DatasetInfo) -> dict[str, np.ndarray]:
         if self.alignment_settings.init != "public":

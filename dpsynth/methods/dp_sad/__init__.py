@@ -280,5 +280,5 @@ class DPSAD(DiffusionMethod):
 
     @classmethod
     def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
-        pool = config["discriminator"]
-        return {POOL_PHASE: pool["pool"] * pool["pool_steps"]}
+        pool = section_settings(DiscriminatorSettings, config, "discriminator")
+        return {POOL_PHASE: pool.pool * pool.pool_steps}

@@ -145,9 +145,10 @@ class FETAPro(DPDM):
 
     @classmethod
     def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
-        generator, fitted = config["generator"], config.get("curriculum", {}).get("order") != "no-auxiliary"
+        generator = section_settings(AuxiliaryGeneratorSettings, config, "generator")
+        fitted = section_settings(CurriculumSettings, config, "curriculum").order != "no-auxiliary"
         return {FEATURES_PHASE: num_images,
-                AUXILIARY_PHASE: generator["epochs"] * generator["iterations_per_epoch"] if fitted else 0}
+                AUXILIARY_PHASE: generator.epochs * generator.iterations_per_epoch if fitted else 0}
 
     def _noise(self, section: str, value: float | None) -> float:
         """``value``, or for None DPImageBench's noise multiplier of ``section`` at the run's epsilon."""

@@ -24,7 +24,16 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ...config import Config, RunSettings, at_least, one_of, positive, preset_with, section_settings
+from ...config import (
+    Config,
+    RunSettings,
+    SamplingSettings,
+    at_least,
+    one_of,
+    positive,
+    preset_with,
+    section_settings,
+)
 from ...data import DatasetInfo, ImageSet
 from ...data.fingerprints import FINGERPRINTS
 from ...errors import ConfigError, PrivacyWarning
@@ -202,8 +211,8 @@ class PrivateEvolution(Method):
         """RANDOM_API makes the population; each iteration varies it k times for the lookahead and once for the
         offspring, embeds it (k times, or once without lookahead) and lets every private image vote; the private
         images are embedded once."""
-        pe = config["pe"]
-        population, iterations, lookahead = pe["population"], pe["iterations"], pe["lookahead"]
+        pe = section_settings(EvolutionSettings, config, "pe")
+        population, iterations, lookahead = pe.population, pe.iterations, pe.lookahead
         return {RANDOM_PHASE: population, VARIATION_PHASE: iterations * (lookahead + 1) * population,
                 EMBEDDING_PHASE: num_images + iterations * max(lookahead, 1) * population,
                 VOTES_PHASE: iterations * num_images}
@@ -211,7 +220,8 @@ class PrivateEvolution(Method):
     @classmethod
     def release_units(cls, config: Config) -> float:
         """The variations a release of more images than the population makes."""
-        return max(0, config["sampling"]["num_samples"] - config["pe"]["population"])
+        population = section_settings(EvolutionSettings, config, "pe").population
+        return max(0, SamplingSettings.of(config).num_samples - population)
 
     def built_api(self, info: DatasetInfo, device: torch.device) -> ImageAPI:
         """The API ``api.name`` names (:func:`~dpsynth.methods.pe.apis.build_api`) on ``device``, built once."""
