@@ -21,6 +21,7 @@ from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.bench.recipes import real_cnn_path
 from dpsynth.bench.regime import data_name
 from dpsynth.bench.results import machine_type
+from dpsynth.config import method_name
 from dpsynth.data import ImageSet
 from dpsynth.evaluation import EvaluationSettings
 from dpsynth.evaluation.downstream import downstream_accuracy
@@ -38,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     config = RunDirectory(args.run).config()
     dataset = dataset_from_config(config)
-    settings = EvaluationSettings.of(resolve_config(config["method"]))  # the default protocol, not a cut one
+    settings = EvaluationSettings.of(resolve_config(method_name(config)))  # the default protocol, not a cut one
     train = ImageSet(as_floats(dataset.train.images), dataset.train.labels)
     start = time.perf_counter()
     runs = [downstream_accuracy("cnn", train, None, 1.0, dataset.val, dataset.test, dataset.info.num_classes,
@@ -49,7 +50,7 @@ def main() -> None:
               "seeds": args.seeds, "epochs": runs[0]["epochs"], "trained_on": len(train),
               "side": dataset.info.height, "seconds": round(time.perf_counter() - start, 1), "run": str(args.run),
               "machine": machine_type(), "date": time.strftime("%Y-%m-%d")}
-    path = real_cnn_path(RESULTS, data_name(config["dataset"]), dataset.info.height)
+    path = real_cnn_path(RESULTS, data_name(config), dataset.info.height)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record))

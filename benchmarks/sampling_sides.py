@@ -34,6 +34,7 @@ from dpsynth.config import SamplingSettings
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.inference import sampling_inputs, sampling_model
 from dpsynth.hardware import FlopPeak, flop_peak
+from dpsynth.methods import get_method
 from dpsynth.models import build_unet
 
 RECORDS = Path(__file__).resolve().parent / "results" / "sampling-sides" / "records.jsonl"
@@ -58,7 +59,7 @@ def main() -> None:
 
 def plan_chunk(side: int) -> int:
     """Images a sampling call of a derived plan holds on a CPU at ``side`` px."""
-    smaller, _ = chunked(resolve_config("dpdm", preset="auto"), side, torch.device("cpu"), [], [])
+    smaller, _ = chunked(get_method("dpdm"), resolve_config("dpdm", preset="auto"), side, torch.device("cpu"), [], [])
     return smaller["sampling"]["batch_size"]
 
 

@@ -24,10 +24,14 @@ from .config import (
     RunSettings,
     build_config,
     choice_setting,
+    method_name,
     parse_overrides,
+    preset_name,
+    schema_of,
     with_defaults,
 )
 from .data import Dataset, get_source, load_dataset
+from .diffusion.settings import sample_steps
 from .errors import ConfigError, DpsynthError
 from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
@@ -87,12 +91,12 @@ def resolve_config(
     direct = [("dataset.name", dataset), ("dataset.data_dir", data_dir), ("privacy.epsilon", epsilon)]
     pairs = [(key, value) for key, value in direct if value is not None] + parse_overrides(overrides) + list(values)
     device = dict(pairs).get("run.device", "auto")
-    preset_name = preset or method_cls.default_preset
+    chosen = preset or method_cls.default_preset
     preset_values = (auto_preset(method_cls, pick_device(device) if isinstance(device, str) else torch.device("cpu"))
-                     if preset_name == AUTO_PRESET else method_cls.fixed_preset(preset_name))
+                     if chosen == AUTO_PRESET else method_cls.fixed_preset(chosen))
     pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
-    config = {"schema": SCHEMA, "method": method, "preset": preset_name,
-              **build_config(method_cls.defaults(), preset_values, preset_name, pairs)}
+    config = {"schema": SCHEMA, "method": method, "preset": chosen,
+              **build_config(method_cls.defaults(), preset_values, chosen, pairs)}
     validate_config(config)
     return config
 
@@ -100,9 +104,9 @@ def resolve_config(
 def validate_config(config: Config) -> None:
     """ConfigError / PrivacyError for values no run can use: the schema, the target, every shared key's type and
     rule (:data:`~dpsynth.config.SHARED_SECTIONS`), then what only the layers above the config know."""
-    if config.get("schema") != SCHEMA:
+    if schema_of(config) != SCHEMA:
         raise ConfigError(f"schema must be {SCHEMA} (a config resolve_config made, or load_config read: it migrates "
-                          f"older files), got {config.get('schema')!r}")
+                          f"older files), got {schema_of(config)!r}")
     for kind in SHARED_SECTIONS:
         kind.of(config)  # every key's type and rule
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
@@ -118,11 +122,12 @@ def validate_config(config: Config) -> None:
         parse_duration(run.time_limit, "run.time_limit")
     choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(DatasetSettings.of(config).name)
-    hardware_choices(config, torch.device("cpu"))  # ConfigError for a bf16 setting other than auto / true / false
+    hardware_choices(config, torch.device("cpu"), sample_steps(config))  # ConfigError for a bf16 setting not auto,
+    # true or false
     check_threads(run.threads)
-    refusal = get_method(config["method"]).no_generator
+    refusal = get_method(method_name(config)).no_generator
     if ReleaseSettings.of(config).model and refusal:
-        raise ConfigError(f"release.model: {config['method']} {refusal}")
+        raise ConfigError(f"release.model: {method_name(config)} {refusal}")
 
 
 def stored_config(config: Config, source: str) -> Config:
@@ -130,10 +135,9 @@ def stored_config(config: Config, source: str) -> Config:
     sections that it lacks at the key's default (keys added since it was written), in place; ConfigError naming
     ``source`` unless it names a known method and preset and its values are usable."""
     try:
-        method = get_method(str(config.get("method")))
-        preset = config.get("preset")
-        if preset not in (None, AUTO_PRESET):
-            method.fixed_preset(str(preset))
+        method = get_method(method_name(config))
+        if preset_name(config) != AUTO_PRESET:
+            method.fixed_preset(preset_name(config))
         with_defaults(config, method.defaults())
         validate_config(config)
     except DpsynthError as exc:
@@ -142,7 +146,7 @@ def stored_config(config: Config, source: str) -> Config:
 
 
 def dataset_from_config(config: Config) -> Dataset:
-    """Load and split the dataset that ``config['dataset']`` describes, at the shape a run drew for it
+    """Load and split the dataset that ``config``'s ``dataset`` section describes, at the shape a run drew for it
     (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
     settings, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
     resolution, channels, drawn = settings.resolution, settings.channels, privacy.noisy_shape

@@ -14,7 +14,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import DatasetSettings, PlanSettings, RunSettings, SamplingSettings, build_config, parse_overrides
+from .config import (
+    DatasetSettings,
+    PlanSettings,
+    RunSettings,
+    SamplingSettings,
+    build_config,
+    method_name,
+    parse_overrides,
+    preset_name,
+)
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
 from .methods import METHODS, create_method, shortcuts
@@ -84,8 +93,8 @@ SIZE_WORDS = {"published": "published size", "declared": "declared public", "noi
 
 def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
-        f"{config['method']} on {DatasetSettings.of(config).name} (N = {plan['dataset_size']}, "
-        f"{SIZE_WORDS[plan['dataset_size_rule']]}), preset {config['preset']}, accountant {plan['accountant']}",
+        f"{method_name(config)} on {DatasetSettings.of(config).name} (N = {plan['dataset_size']}, "
+        f"{SIZE_WORDS[plan['dataset_size_rule']]}), preset {preset_name(config)}, accountant {plan['accountant']}",
         f"target epsilon = {plan['target_epsilon']:g} at delta = {plan['delta']:.3g}",
         f"{'stage':<20}{'mechanism':<22}{'noise mult.':>12}{'sample rate':>13}{'steps':>8}"
         f"{'eps share':>11}{'eps alone':>11}",
@@ -152,10 +161,10 @@ def _pretrain(args: argparse.Namespace) -> None:
                                 "batch_size": args.batch_size or PretrainSettings.batch_size,
                                 "lr": args.lr or PretrainSettings.lr}
     if args.for_method:
-        config = resolve_config(args.for_method, preset=args.preset, overrides=method_keys)
-        if "init_from" not in config.get("model", {}):
+        if args.for_method not in _starts_from_public():
             raise DpsynthError(f"--for {args.for_method}: it does not start from a diffusion model; methods that do: "
                                f"{', '.join(_starts_from_public())}")
+        config = resolve_config(args.for_method, preset=args.preset, overrides=method_keys)
         settings = PretrainSettings.for_method(config, **training)
     elif method_keys or args.preset:
         raise DpsynthError("--preset and --set of model / diffusion keys need --for METHOD (the method to fit)")
@@ -202,7 +211,7 @@ def _privacy(args: argparse.Namespace) -> None:
     plan, regime = plan_privacy(config, dataset.info, budget), training_regime(method, dataset.info, budget)
     recommendation = recommended_recipe(config, dataset.info)
     if args.json:
-        derived_plan = asdict(PlanSettings.of(config)) if config["preset"] == "auto" else None
+        derived_plan = asdict(PlanSettings.of(config)) if preset_name(config) == "auto" else None
         regime_rows = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
                         "steps": item.plan.steps, "verdict": item.verdict,
                         "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in regime]

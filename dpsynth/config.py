@@ -220,7 +220,8 @@ def section_defaults(kind: type) -> Config:
 
 SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, PlanSettings, RunSettings,
                                               SamplingSettings, ReleaseSettings, EvaluationSection)
-BASE_CONFIG: Config = {kind.section: section_defaults(kind) for kind in SHARED_SECTIONS}
+SHARED_BY_NAME: dict[str, type[Section]] = {kind.section: kind for kind in SHARED_SECTIONS}
+BASE_CONFIG: Config = {name: section_defaults(kind) for name, kind in SHARED_BY_NAME.items()}
 
 
 # Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published
@@ -237,11 +238,50 @@ RUN_WRITTEN = {
 }
 
 
+def with_drawn(config: Config, **values: Any) -> Config:
+    """A copy of ``config`` holding what a run's DP mechanisms drew: ``noisy_shape=[3, 64]`` sets
+    ``privacy.noisy_shape`` (each a key of :data:`RUN_WRITTEN`); the one way a drawn value enters a config."""
+    drawn = copy.deepcopy(config)
+    for name, value in values.items():
+        assert f"privacy.{name}" in RUN_WRITTEN, name  # a programming error, not the user's
+        set_value(drawn, f"privacy.{name}", value, "the run")
+    return drawn
+
+
+def with_decisions(config: Config, decisions: Sequence[str]) -> Config:
+    """A copy of ``config`` with ``decisions`` (in words) added to its plan's (``plan.decisions``)."""
+    decided = copy.deepcopy(config)
+    set_value(decided, "plan.decisions", [*(PlanSettings.of(config).decisions or ()), *decisions], "the plan")
+    return decided
+
+
 def check_not_run_written(keys: Iterable[str], source: str) -> None:
     """ConfigError naming ``source`` when ``keys`` hold a key only a run writes (:data:`RUN_WRITTEN`)."""
     for key in keys:
         if key in RUN_WRITTEN:
             raise ConfigError(f"{source} {key}: only a run writes this key ({RUN_WRITTEN[key]})")
+
+
+def schema_of(config: Mapping[str, Any]) -> Any:
+    """The ``schema`` a config says it was written in (None where it says none)."""
+    return config.get("schema")
+
+
+def method_name(config: Mapping[str, Any]) -> str:
+    """The method ``config`` runs (its ``method`` key); ConfigError where it names none."""
+    return _named(config, "method")
+
+
+def preset_name(config: Mapping[str, Any]) -> str:
+    """The preset ``config`` was built from (its ``preset`` key); ConfigError where it names none."""
+    return _named(config, "preset")
+
+
+def _named(config: Mapping[str, Any], key: str) -> str:
+    value = config.get(key)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must name a {key}, got {value!r}")
+    return value
 
 
 def flat_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -442,14 +482,17 @@ def section_settings(kind: type[S], config: Mapping[str, Any], section: str) -> 
     Every value is checked against its field's type (``int``: a whole number; ``float``: any number; ``bool``;
     ``str``; ``Literal[...]``: one of those words; ``dict``: a mapping; unions such as ``float | None``;
     ``tuple[X, ...]``: a list of X) and its :func:`positive`,
-    :func:`at_least` or :func:`one_of` rule; a key the section lacks takes the field's default. ConfigError
-    naming ``section.key`` and what it must be otherwise.
+    :func:`at_least` or :func:`one_of` rule; a key the section lacks takes the field's default; a ``section``
+    field that is no key (:func:`not_a_key`) takes the section's name. ConfigError naming ``section.key`` and what
+    it must be otherwise.
     """
     values, hints = config.get(section) or {}, get_type_hints(kind)
     settings = {}
     for spec in fields(kind):  # type: ignore[arg-type]
         key = f"{section}.{spec.name}"
-        if spec.name in values:
+        if spec.name == "section" and spec.metadata.get("not_a_key"):
+            settings["section"] = section
+        elif spec.name in values:
             settings[spec.name] = _checked(key, values[spec.name], hints[spec.name], spec.metadata)
         elif spec.default is MISSING and spec.default_factory is MISSING:
             raise ConfigError(f"{key} is missing from the config")

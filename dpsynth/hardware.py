@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, EvaluationSection, PrivacySettings, RunSettings, SamplingSettings
+from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -130,13 +130,15 @@ def resolve_fast_inception(setting: Any) -> Choice:
     return Choice(False, "auto: fp32 (bf16 features moved FID by more than two draws of one model differ)")
 
 
-def hardware_choices(config: Config, device: torch.device) -> dict[str, Any]:
-    """What this machine is and every bf16 and compile setting of ``config`` resolved on it (for the log)."""
+def hardware_choices(config: Config, device: torch.device, sample_steps: int) -> dict[str, Any]:
+    """What this machine is and every bf16 and compile setting of ``config`` resolved on it (for the log), for a
+    release of ``sample_steps`` denoising steps an image (0: not denoised)."""
     choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
     choices["evaluation.fast_inception"] = resolve_fast_inception(EvaluationSection.of(config).fast_inception)
     if "sampling.bf16" in choices:
         choices["sampling.compile"] = resolve_compile(SamplingSettings.of(config).compile, device,
-                                                      choices["sampling.bf16"].value, _image_steps(config),
+                                                      choices["sampling.bf16"].value,
+                                                      SamplingSettings.of(config).num_samples * sample_steps,
                                                       _side(config), sampling_rows(config))
     return {"device": str(device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": RunSettings.of(config).threads, "threads_at_start": torch.get_num_threads(),
@@ -149,14 +151,9 @@ def sampling_rows(config: Config) -> int:
     return min(sampling.batch_size, sampling.num_samples)
 
 
-def _image_steps(config: Config) -> int:
-    """Images x denoising steps of a run's release (0 for a method that does not denoise)."""
-    return SamplingSettings.of(config).num_samples * config.get("diffusion", {}).get("sample_steps", 0)
-
-
 def _side(config: Config) -> int:
     """The release's side: declared, else the DP vote's (``privacy.noisy_shape``), else :data:`COMPILE_SIDE`."""
-    resolution = config.get("dataset", {}).get("resolution")
+    resolution = DatasetSettings.of(config).resolution
     voted = PrivacySettings.of(config).noisy_shape
     return resolution if isinstance(resolution, int) else int(voted[1]) if voted else COMPILE_SIDE
 

@@ -30,11 +30,15 @@ from .config import (
     flat_keys,
     get_value,
     has_key,
+    method_name,
+    schema_of,
     set_value,
+    with_drawn,
 )
 from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
 from .datasheet import datasheet, unit_name
+from .diffusion.settings import sample_steps
 from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError, PrivacyWarning
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
@@ -157,9 +161,9 @@ def resumable(path: str) -> RunDirectory:
                            f"(dpsynth evaluate {run.path} evaluates it)")
     written = yaml.safe_load(run.file(CONFIG).read_text())
     added = [key for key in flat_keys(config) if not has_key(written, key)]
-    if added or written.get("schema") != config["schema"]:
+    if added or schema_of(written) != schema_of(config):
         run.write_config(config)
-        run.log("config completed", schema=config["schema"], added=added)
+        run.log("config completed", schema=schema_of(config), added=added)
     return run
 
 
@@ -171,7 +175,7 @@ RESUME_SETTINGS = ("run.device", "run.threads", "run.time_limit", "sampling.batc
 
 def resume_settings(config: Config) -> tuple[str, ...]:
     """The keys a resumed run of ``config``'s method may change."""
-    return (*RESUME_SETTINGS, *get_method(config["method"]).resume_settings)
+    return (*RESUME_SETTINGS, *get_method(method_name(config)).resume_settings)
 
 
 def _resume_setting(key: str, allowed: tuple[str, ...]) -> bool:
@@ -289,7 +293,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     device = world.device(pick_device(run_settings.device))
     governor = thread_governor(run_settings.threads)
     if world.is_main:
-        run.record_hardware(hardware_choices(config, device))
+        run.record_hardware(hardware_choices(config, device, sample_steps(config)))
         _log_groups(run, dataset, config)
     context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
                          generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
@@ -352,7 +356,7 @@ def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
         raise DpsynthError(f"{run.path}: this run was started by a dpsynth that planned with the exact size of "
                            "private data; it cannot resume under the rule that keeps that size private: start it "
                            "again")
-    config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
+    config = with_drawn(config, noisy_dataset_size=noisy_total(dataset, config))
     run.write_config(config)
     return config
 
@@ -530,7 +534,7 @@ def _at_release_shape(config: Config, path: Path) -> Config:
     settings = DatasetSettings.of(config)
     for key, value in (("resolution", side), ("channels", channels)):
         if getattr(settings, key) == AUTO:
-            config["dataset"][key] = int(value)
+            set_value(config, f"dataset.{key}", int(value), "the release's shape")
     return config
 
 

@@ -22,6 +22,10 @@ from .config import (
     PrivacySettings,
     ReleaseSettings,
     RunSettings,
+    method_name,
+    preset_name,
+    with_decisions,
+    with_drawn,
 )
 from .data import Dataset, DatasetInfo
 from .data.registry import train_size
@@ -73,7 +77,7 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
 def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
     """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
     derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
-    return (config["preset"] == AUTO_PRESET and info.unit == "group"
+    return (preset_name(config) == AUTO_PRESET and info.unit == "group"
             and "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys)
 
 
@@ -125,7 +129,7 @@ def holder_ledger(config: Config) -> HolderLedger:
 def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
     """The holder's ledger entry of a run of ``config`` at its plan, before any mechanism ran."""
     unit = DatasetSettings.of(config).unit_name or ("person" if info.unit == "group" else "image")
-    return HeldRelease(data_key(config), run, config["method"], unit, time.strftime("%Y-%m-%d", time.gmtime()),
+    return HeldRelease(data_key(config), run, method_name(config), unit, time.strftime("%Y-%m-%d", time.gmtime()),
                        "running", budget.delta, budget.accountant.kind, budget.stages)
 
 
@@ -224,7 +228,7 @@ def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
     unprotected = non_private_stages(stages)
     if not unprotected:
         return
-    what = (f"stage(s) {', '.join(unprotected)} of {config['method']} use the private data without noise, so "
+    what = (f"stage(s) {', '.join(unprotected)} of {method_name(config)} use the private data without noise, so "
             "the release has NO differential-privacy guarantee and no epsilon")
     if not RunSettings.of(config).allow_non_private:
         raise ConfigError(f"{what}; pass --allow-non-private (run.allow_non_private=true) to run it anyway")
@@ -246,28 +250,23 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
 
     began = time.perf_counter()
     if draw_size and with_public_size(config, dataset).info.size_rule == "private":
-        config = copy.deepcopy(config)
-        config["privacy"]["noisy_dataset_size"] = noisy_total(dataset, config)
+        config = with_drawn(config, noisy_dataset_size=noisy_total(dataset, config))
     dataset = with_public_size(config, dataset)
     if draw_size and draws_images_per_group(config, dataset.info) and \
             PrivacySettings.of(config).noisy_images_per_group is None:
-        config = copy.deepcopy(config)
-        config["privacy"]["noisy_images_per_group"] = noisy_images_per_group(dataset, config)
+        config = with_drawn(config, noisy_images_per_group=noisy_images_per_group(dataset, config))
     config = with_training_side(config, dataset.info, device)
     info = training_info(config, dataset.info)
-    if draw_size and info.release_side is not None and config["preset"] == AUTO_PRESET:
+    if draw_size and info.release_side is not None and preset_name(config) == AUTO_PRESET:
         started = time.perf_counter()  # a run trains the default upscaler once per side, within its budget
         upscaler = release_upscaler(config, info, device)
         assert upscaler is not None  # the release side is above the training side
-        config = copy.deepcopy(config)
-        config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()),
-                                       f"release.upscaler {upscaler.name!r} ready in "
-                                       f"{time.perf_counter() - started:.0f} s (public images only)"]
+        config = with_decisions(config, [f"release.upscaler {upscaler.name!r} ready in "
+                                         f"{time.perf_counter() - started:.0f} s (public images only)"])
     if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
-        ready = get_method(config["method"]).ready_public_parts(config, info, device)
-        if ready and config["preset"] == AUTO_PRESET:  # within the derived plan's budget
-            config = copy.deepcopy(config)
-            config["plan"]["decisions"] = [*(config["plan"].get("decisions") or ()), *ready]
+        ready = get_method(method_name(config)).ready_public_parts(config, info, device)
+        if ready and preset_name(config) == AUTO_PRESET:  # within the derived plan's budget
+            config = with_decisions(config, ready)
     # the budget covers the whole command: what the side search and the public parts took is spent already
     return derive_config(config, info, device, spent=time.perf_counter() - began), training_dataset(config, dataset)
 
@@ -305,9 +304,9 @@ def with_training_side(config: Config, info: DatasetInfo, device: torch.device) 
 
     kept = PlanSettings.of(config).user_keys
     smaller = [side for side in TRAINING_SIDES if 2 * side <= info.height]  # a lift of less than 2x buys little
-    method = get_method(config["method"])  # a diffusion model's DP-SGD on pixels (TRAINING_STAGE), as recorded
+    method = get_method(method_name(config))  # a diffusion model's DP-SGD on pixels (TRAINING_STAGE), as recorded
     recorded = "dpsgd" in method.dpsgd_sections and method.pixel_regime
-    if config["preset"] != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
+    if preset_name(config) != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
         return config
     tried: list[tuple[int, Verdict, Config]] = []
     for side in [*smaller, info.height]:

@@ -20,7 +20,16 @@ from typing import Any
 
 from .api import dataset_from_config
 from .autoplan.rules import EVALUATION_CUTS
-from .config import Config, DatasetSettings, PlanSettings, PrivacySettings, RunSettings, get_value, set_value
+from .config import (
+    Config,
+    DatasetSettings,
+    PlanSettings,
+    PrivacySettings,
+    RunSettings,
+    get_value,
+    method_name,
+    set_value,
+)
 from .data import Dataset
 from .distributed import World
 from .errors import ConfigError, DataError
@@ -100,7 +109,7 @@ def shrunk_config(config: Config, shrink: int) -> Config:
     for key, value in cuts.items():
         if get_value(changed, key) > value:
             set_value(changed, key, value, "rehearsal")
-    for section in get_method(config["method"]).dpsgd_sections:
+    for section in get_method(method_name(config)).dpsgd_sections:
         batch, epochs = get_value(config, f"{section}.batch_size"), get_value(config, f"{section}.epochs")
         if batch // shrink < 2:
             raise ConfigError(f"--shrink {shrink}: {section}.batch_size {batch} would fall below 2; shrink less")
@@ -113,7 +122,7 @@ def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: in
     """The plan of the shrunk ``config``: each calibrated DP-SGD stage at the real plan's sigma / ``shrink`` (its
     steps checked unchanged), the other stages as planned; its target the epsilon it spends on the stand-in."""
     info = dataset.info
-    stages: list[PlannedStage] = get_method(config["method"])(config).privacy_stages(info)
+    stages: list[PlannedStage] = get_method(method_name(config))(config).privacy_stages(info)
     events: dict[str, list[Event]] = {name: list(planned) for name, planned in real.stages.items()}
     for stage in stages:
         if stage.calibrated is None:

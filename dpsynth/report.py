@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import DatasetSettings
+from .config import DatasetSettings, method_name
 from .evaluation.evaluate import METRICS, NEIGHBOURS
 from .evaluation.plots import figure_png, log_curves_png
 from .runs import CONFIG, LOG, PRIVACY, RELEASE, SYNTHETIC, RunDirectory
@@ -42,7 +42,7 @@ def write_run_report(run: RunDirectory) -> Path:
     """Write ``report.html`` from what the run directory holds now; return its path."""
     config = run.config()
     privacy = json.loads(run.file(PRIVACY).read_text())
-    title = f"{config['method']} on {DatasetSettings.of(config).name}: {run.path.name}"
+    title = f"{method_name(config)} on {DatasetSettings.of(config).name}: {run.path.name}"
     sections = [
         f"<h1>{_text(title)}</h1>",
         _files_line(),

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, DatasetSettings, PrivacySettings, RunSettings, dump_config, load_config
+from .config import Config, DatasetSettings, PrivacySettings, RunSettings, dump_config, load_config, method_name
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
@@ -90,7 +90,7 @@ def run_name(config: Config, when: time.struct_time | None = None) -> str:
     use the data without noise (``run.allow_non_private``), whose release no epsilon covers."""
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
     budget = "nodp" if RunSettings.of(config).allow_non_private else f"eps{PrivacySettings.of(config).epsilon:g}"
-    return f"{config['method']}-{DatasetSettings.of(config).name}-{budget}-{stamp}"
+    return f"{method_name(config)}-{DatasetSettings.of(config).name}-{budget}-{stamp}"
 
 
 class RunDirectory:
@@ -101,7 +101,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, config: Config, root: str | Path | None = None, name: str | None = None) -> RunDirectory:
-        """A new run directory under ``root`` (default ``config['run']['out_dir']``) named ``name`` (default
+        """A new run directory under ``root`` (default ``run.out_dir``) named ``name`` (default
         :func:`run_name`; ``-2``, ``-3``... appended while the name is taken)."""
         base = Path(root if root is not None else RunSettings.of(config).out_dir) / (name or run_name(config))
         path, suffix = base, 1

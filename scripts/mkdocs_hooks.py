@@ -99,7 +99,8 @@ def generated(kind: str, args: list[str]) -> str:
         return noise_floor([float(epsilon) for epsilon in args])
     if kind == "steps":
         method, preset, section, num_train = args
-        return f"{dpsgd_steps(resolve_config(method, preset=preset), section, int(num_train)):,}"
+        settings = get_method(method).settings(resolve_config(method, preset=preset), section)
+        return f"{dpsgd_steps(settings, int(num_train)):,}"
     return plans.outcomes([RESULTS / folder for folder in args])
 
 

@@ -47,6 +47,7 @@ from dpsynth.methods import METHODS, get_method
 from dpsynth.pipeline import start
 
 # A throughput as a probe records it (the AVX-512 Xeon's, rounded): the rules are tested on its numbers.
+DPDM_SETTINGS = get_method("dpdm").settings  # a DPDM config's section through its settings class
 XEON = Throughput("cpu", {"dpsgd": StepCost(0.12, 0.0031)}, 6e-4, 4e-4, {"cnn": {"train": 4.9e-4, "test": 1.9e-4}},
                   0.036, 8.0)
 SLOW = Throughput("cpu", {"dpsgd": StepCost(0.3, 0.0066)}, 1.5e-3, 1e-3, {"cnn": {"train": 1.2e-3, "test": 4e-4}},
@@ -90,7 +91,7 @@ def test_at_the_base_presets_batch_the_steps_stop_at_its_own():
     overrides, decisions = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 3 * 3600)
     planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
     assert planned["dpsgd"]["batch_size"] == base["dpsgd"]["batch_size"]
-    assert dpsgd_steps(planned, "dpsgd", 55_000) == dpsgd_steps(base, "dpsgd", 55_000)
+    assert dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), 55_000) == dpsgd_steps(DPDM_SETTINGS(base, "dpsgd"), 55_000)
     assert any("stay unspent" in decision for decision in decisions)
     small = size_dpsgd(3 * 3600, XEON.dpsgd["dpsgd"], 1437, batch_cap=512, multiplicity_cap=1, step_cap=600)
     assert small.batch_size < 512 and small.steps > 600  # below the preset's batch, the time still buys steps
@@ -108,7 +109,7 @@ def test_small_data_gets_small_batches_and_at_least_200_steps():
         inputs = PlanInputs(num_train, (1, 28, 28), 10, num_train // 8, num_train // 8, "cpu")
         overrides, _ = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 1800)
         planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
-        assert dpsgd_steps(planned, "dpsgd", num_train) >= MIN_STEPS
+        assert dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), num_train) >= MIN_STEPS
         assert overrides["dpsgd"]["batch_size"] <= num_train * MAX_SAMPLE_RATE
 
 
@@ -121,7 +122,8 @@ def test_the_derived_plan_fits_the_budget(throughput):
     planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
                for name, values in config.items()}
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled=False)
-    capped = dpsgd_steps(planned, "dpsgd", 55_000) == dpsgd_steps(config, "dpsgd", 55_000)
+    capped = dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), 55_000) == dpsgd_steps(DPDM_SETTINGS(config, "dpsgd"),
+                                                                                 55_000)
     assert expected["total"] <= 1800 * 1.05 and (capped or expected["total"] == pytest.approx(1800, rel=0.05))
     assert expected["sampling"] + expected["evaluation"] <= 0.4 * 1800 or planned["sampling"]["num_samples"] == 5000
     assert any(decision.startswith("dpsgd: ") for decision in decisions)
@@ -277,10 +279,10 @@ def test_a_fixed_preset_too_big_for_the_data_refuses_with_the_fix(preset, messag
     config = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset)
     info = dataset_from_config(config).info
     with pytest.raises(ConfigError, match=message) as refused:
-        check_preset_fits(config, info)
+        check_preset_fits(get_method("dpdm"), config, info)
     assert "use --preset auto (the default)" in str(refused.value)
     own = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset, overrides=["dpsgd.batch_size=64"])
-    check_preset_fits(own, info)  # the user's own batch is not second-guessed
+    check_preset_fits(get_method("dpdm"), own, info)  # the user's own batch is not second-guessed
 
 
 @pytest.mark.parametrize("channels, side", [(1, 28), (3, 32), (3, 64), (3, 128)])
@@ -400,22 +402,23 @@ def test_run_requires_epsilon_and_help_shows_defaults(capsys):
                                           (128, [16, 32, 32, 64, 128])])
 def test_the_unet_gets_a_level_per_halving_of_the_side(side, widths):
     config = resolve_config("dpdm", preset="auto")
-    deeper, decisions = deepened(config, side, [])
+    deeper, decisions = deepened(get_method("dpdm"), config, side, [])
     assert deeper["model"]["block_channels"] == widths and bool(decisions) == (side > 32)
     own = resolve_config("dpdm", preset="auto", overrides=["model.block_channels=[8, 16]"])
-    assert deepened(own, side, own["plan"]["user_keys"])[0]["model"]["block_channels"] == [8, 16]
+    assert deepened(get_method("dpdm"), own, side, own["plan"]["user_keys"])[0]["model"]["block_channels"] == [8, 16]
 
 
 @pytest.mark.parametrize("side, physical, sampling", [(32, 128, 500), (64, 32, 125), (128, 8, 25)])
 def test_on_a_cpu_larger_images_come_in_chunks_of_about_the_base_presets_pixels(side, physical, sampling):
     config = resolve_config("dpdm", preset="auto")
-    smaller, decisions = chunked(config, side, torch.device("cpu"), [], [])
+    smaller, decisions = chunked(get_method("dpdm"), config, side, torch.device("cpu"), [], [])
     assert (smaller["dpsgd"]["physical_batch_size"], smaller["sampling"]["batch_size"]) == (physical, sampling)
     assert bool(decisions) == (side > 32) and 20_000 % sampling == 0  # a chunk divides the release
     own = resolve_config("dpdm", preset="auto", overrides=["dpsgd.physical_batch_size=64"])
-    assert chunked(own, side, torch.device("cpu"), own["plan"]["user_keys"], [])[0]["dpsgd"][
+    assert chunked(get_method("dpdm"), own, side, torch.device("cpu"), own["plan"]["user_keys"], [])[0]["dpsgd"][
         "physical_batch_size"] == 64
-    assert chunked(config, side, torch.device("cuda"), [], [])[0] == config  # a GPU's chunks follow its memory
+    # a GPU's chunks follow its memory
+    assert chunked(get_method("dpdm"), config, side, torch.device("cuda"), [], [])[0] == config
 
 
 @pytest.mark.parametrize("side", [64, 128])

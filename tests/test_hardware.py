@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dpsynth.api import resolve_config
+from dpsynth.diffusion.settings import sample_steps
 from dpsynth.errors import ConfigError
 from dpsynth.hardware import (
     ThreadGovernor,
@@ -73,7 +74,7 @@ def test_no_preset_fixes_a_hardware_dependent_setting():
     for name, method in METHODS.items():
         for preset in method.presets:
             config = resolve_config(name, preset=preset)
-            choices = hardware_choices(config, torch.device("cpu"))["choices"]
+            choices = hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]
             assert choices["evaluation.fast_inception"]["why"].startswith("auto"), (name, preset)
             assert all(choice["why"].startswith("auto") for choice in choices.values()), (name, preset, choices)
             assert config["run"]["threads"] == "auto"
@@ -82,9 +83,10 @@ def test_no_preset_fixes_a_hardware_dependent_setting():
 def test_the_logged_compile_choice_counts_the_voted_side():
     config = resolve_config("dpdm", preset="cpu", overrides=["sampling.num_samples=1000", "sampling.bf16=false"])
     work = 1000 * config["diffusion"]["sample_steps"]
-    assert work < 50_000 and not hardware_choices(config, torch.device("cpu"))["choices"]["sampling.compile"]["value"]
+    choices = hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]
+    assert work < 50_000 and not choices["sampling.compile"]["value"]
     config["privacy"]["noisy_shape"] = [3, 128]  # what a folder's shape vote writes
-    assert hardware_choices(config, torch.device("cpu"))["choices"]["sampling.compile"]["value"]
+    assert hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]["sampling.compile"]["value"]
 
 
 def test_bad_hardware_settings_are_refused_when_the_config_is_built():

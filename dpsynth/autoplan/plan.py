@@ -12,13 +12,24 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
-from ..config import Config, PlanSettings, PrivacySettings, SamplingSettings, merge
+from ..config import (
+    SHARED_BY_NAME,
+    Config,
+    PlanSettings,
+    PrivacySettings,
+    SamplingSettings,
+    merge,
+    method_name,
+    preset_name,
+    set_value,
+)
 from ..data import DatasetInfo
+from ..diffusion.settings import sample_steps
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
 from ..evaluation.inception import chosen_path
@@ -40,6 +51,7 @@ from .rules import (
     estimate_seconds,
     evaluation_words,
     held_evaluation,
+    multiplicity,
     parse_duration,
     unet_levels,
     user_keys_kept,
@@ -72,7 +84,7 @@ def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float
 
 
 def method_shape(method: type[Method]) -> MethodShape:
-    return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels,
+    return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels, method.settings,
                        method.phase_units, method.sized_phase, method.release_units)
 
 
@@ -86,18 +98,21 @@ def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.de
     cls = type(method)
     timed = (*cls.dpsgd_sections, *cls.public_sections, *cls.probed_keys, "model", "diffusion", "sampling",
              "evaluation")
-    key = json.dumps([config["method"], inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
-                      str(device), {name: _value(config, name) for name in timed}], sort_keys=True)
+    key = json.dumps([cls.name, inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
+                      str(device), {name: _value(cls, config, name) for name in timed}], sort_keys=True, default=str)
     if key not in MEASURED:
         MEASURED[key] = _probe(method, config, inputs, device)
     return MEASURED[key]
 
 
-def _value(config: Config, key: str) -> Any:
-    """A config section (``generator``) or key (``alignment.iterations``); None where the config has none."""
+def _value(method: type[Method], config: Config, key: str) -> Any:
+    """A section (``generator``) or key (``alignment.iterations``) of ``config`` as ``method`` reads it; None for a
+    section the method has not."""
     section, _, name = key.partition(".")
-    values = config.get(section)
-    return values.get(name) if name and isinstance(values, dict) else values
+    if section not in method.sections and section not in SHARED_BY_NAME:
+        return None
+    values = method.settings(config, section)
+    return getattr(values, name) if name else asdict(values)
 
 
 def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:
@@ -153,12 +168,12 @@ def checked_steps(method: Method, config: Config, overrides: dict[str, dict[str,
         return throughput, []
     costs, words = dict(throughput.dpsgd), []
     for section, (probe, _) in method.throughput_probes(inputs.shape, inputs.num_classes, device).dpsgd.items():
-        planned = {**config[section], **overrides.get(section, {})}
-        examples = max(1, round(planned["batch_size"] * inputs.images_per_unit))  # each with its rows, as probed
+        planned = replace(method.settings(config, section), **overrides.get(section, {}))
+        examples = max(1, round(planned.batch_size * inputs.images_per_unit))  # each with its rows, as probed
         if examples <= 2 * probe.physical_batch_size:  # within the chunks the probe's line was fitted through
             continue
-        priced = inputs.cost(throughput, section).seconds(planned["batch_size"] * planned.get("noise_multiplicity", 1))
-        key = json.dumps([config["method"], inputs.shape, section, examples, probe.physical_batch_size, str(device)])
+        priced = inputs.cost(throughput, section).seconds(planned.batch_size * multiplicity(planned))
+        key = json.dumps([method.name, inputs.shape, section, examples, probe.physical_batch_size, str(device)])
         if key not in CHECKED:  # once per process for the same step
             CHECKED[key] = step_seconds(probe, device, max(round(inputs.num_train * inputs.images_per_unit),
                                                            examples), examples)
@@ -177,7 +192,7 @@ def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
     (:func:`dpsynth.hardware.resolve_compile`)."""
     sampling = SamplingSettings.of(config)
     bf16 = resolve_bf16(sampling.bf16, device, "sampling.bf16").value
-    work = sampling.num_samples * config.get("diffusion", {}).get("sample_steps", 0)
+    work = sampling.num_samples * sample_steps(config)
     return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side, sampling_rows(config)).value
 
 
@@ -185,21 +200,21 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``, for
     the time budget less the ``spent`` seconds; a config of a fixed preset, checked to fit the data
     (:func:`check_preset_fits`), unchanged."""
-    if config.get("preset") != AUTO_PRESET:
-        check_preset_fits(config, info)
+    method_cls = get_method(method_name(config))
+    if preset_name(config) != AUTO_PRESET:
+        check_preset_fits(method_cls, config, info)
         return config
     plan = PlanSettings.of(config)
     if plan.probe is not None:  # derived already
         return config
-    method_cls = get_method(config["method"])
     shape = method_shape(method_cls)
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
     side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
-    config, decisions = deepened(config, side, kept)
+    config, decisions = deepened(method_cls, config, side, kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
-    config, decisions = chunked(config, side, device, kept, decisions)
+    config, decisions = chunked(method_cls, config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
     probed = method_cls(config)  # the method at the chunked config, whose probes price the plan
@@ -215,7 +230,7 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     planned = copy.deepcopy(config)
     merge(planned, user_keys_kept(overrides, kept), "the derived plan")
     if device.type == "cuda":
-        chunks = user_keys_kept(fitting_chunks(planned, inputs, device, decisions), kept)
+        chunks = user_keys_kept(fitting_chunks(method_cls, planned, inputs, device, decisions), kept)
         merge(planned, chunks, "the derived plan's memory estimate")
     compiled = compiles_sampling(planned, inputs.shape[1], device)
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled)
@@ -244,7 +259,7 @@ def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed
     left, slack = budget - elapsed, HOLD_SLACK * budget
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
-    method = get_method(config["method"])
+    method = get_method(method_name(config))
     changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe), method.releases_soft_labels,
                                        left, max(ratio, 1.0), plan.user_keys, uncut_evaluation(method, plan.base),
                                        slack)
@@ -280,22 +295,21 @@ def group_price(privacy: PrivacySettings, images: float) -> str:
             "reads of one; a run prices by a noisy mean of their images unless you set it)")
 
 
-def deepened(config: Config, side: int, kept: list[str]) -> tuple[Config, list[str]]:
+def deepened(method: type[Method], config: Config, side: int, kept: list[str]) -> tuple[Config, list[str]]:
     """``config`` with its UNet one level deeper per doubling of the side past 32 (:func:`unet_levels`) unless
     the user set ``model.block_channels``, and the decision in words."""
-    model = config.get("model", {})
-    if "block_channels" not in model or "model.block_channels" in kept:
+    if "model" not in method.sections or "model.block_channels" in kept:
         return config, []
-    widths = unet_levels(model["block_channels"], side)
-    if widths == list(model["block_channels"]):
+    widths = unet_levels(method.settings(config, "model").block_channels, side)
+    if widths == list(method.settings(config, "model").block_channels):
         return config, []
     deeper = copy.deepcopy(config)
-    deeper["model"]["block_channels"] = widths
+    set_value(deeper, "model.block_channels", widths, "the derived plan")
     return deeper, [f"UNet widths {widths}: a level per halving of {side} px down to 8 x 8"]
 
 
-def chunked(config: Config, side: int, device: torch.device, kept: list[str], decisions: list[str]
-            ) -> tuple[Config, list[str]]:
+def chunked(method: type[Method], config: Config, side: int, device: torch.device, kept: list[str],
+            decisions: list[str]) -> tuple[Config, list[str]]:
     """On a CPU, ``config`` with its DP-SGD chunks (``physical_batch_size``) and a diffusion model's sampling
     chunks (``sampling.batch_size``) shrunk past :data:`CHUNK_SIDE` px, keys the user set aside: each to the
     largest divisor of its value within (:data:`CHUNK_SIDE` / side)^2 of it, so a chunk holds about as many pixels
@@ -303,53 +317,54 @@ def chunked(config: Config, side: int, device: torch.device, kept: list[str], de
     per example as chunks of 8 on 2 cores (a chunk's activations outgrow the caches and the allocator's reuse)."""
     if device.type != "cpu" or side <= CHUNK_SIDE:
         return config, decisions
-    keys = [f"{section}.physical_batch_size" for section in get_method(config["method"]).dpsgd_sections
-            if "physical_batch_size" in config.get(section, {})]
+    keys = [f"{section}.physical_batch_size" for section in method.dpsgd_sections]
     keys += ["sampling.batch_size"] if "diffusion" in config else []
     smaller, shrunk = copy.deepcopy(config), []
     for key in (key for key in keys if key not in kept):
         section, name = key.split(".")
-        value = config[section][name]
+        value = getattr(method.settings(config, section), name)
         within = max(1.0, value * (CHUNK_SIDE / side) ** 2)
-        smaller[section][name] = max(d for d in range(1, value + 1) if value % d == 0 and d <= within)
-        shrunk.append(f"{key} {smaller[section][name]}")
+        chunk = max(d for d in range(1, value + 1) if value % d == 0 and d <= within)
+        set_value(smaller, key, chunk, "the derived plan")
+        shrunk.append(f"{key} {chunk}")
     if not shrunk:
         return config, decisions
     return smaller, [*decisions, f"chunks of about the base preset's pixels at {CHUNK_SIDE} px: {', '.join(shrunk)}"]
 
 
-def fitting_chunks(config: Config, inputs: PlanInputs, device: torch.device, decisions: list[str]
-                   ) -> dict[str, dict[str, Any]]:
+def fitting_chunks(method: type[Method], config: Config, inputs: PlanInputs, device: torch.device,
+                   decisions: list[str]) -> dict[str, dict[str, Any]]:
     """Each DP-SGD section's physical batch: the most examples (at the planned noise multiplicity) whose chunk
     the memory estimate fits into the card (:mod:`dpsynth.autoplan.memory`), at most the batch."""
     card = torch.cuda.get_device_properties(device).total_memory
-    probes = get_method(config["method"])(config).throughput_probes(inputs.shape, inputs.num_classes, device)
+    probes = method(config).throughput_probes(inputs.shape, inputs.num_classes, device)
     chunks: dict[str, dict[str, Any]] = {}
     for section, (probe, _) in probes.dpsgd.items():
         memory = probe_memory(probe)
-        examples = min(memory.largest_fitting(card), config[section]["batch_size"])
+        examples = min(memory.largest_fitting(card), method.settings(config, section).batch_size)
         chunks[section] = {"physical_batch_size": examples}
         decisions.append(f"{section}: chunks of {examples} examples, estimated {memory.bytes(examples) / 2 ** 30:.1f} "
                          f"GiB of the card's {card / 2 ** 30:.0f} GiB ({memory.parameters / 1e6:.2f}M parameters)")
     return chunks
 
 
-def check_preset_fits(config: Config, info: DatasetInfo) -> None:
+def check_preset_fits(method: type[Method], config: Config, info: DatasetInfo) -> None:
     """ConfigError, with the fix, when a fixed preset's own DP-SGD batch exceeds the data or plans fewer than
     :data:`MIN_STEPS` steps on 500 images or more (a user's own batch and epochs are not second-guessed)."""
     chosen = PlanSettings.of(config).user_keys
-    for section in get_method(config["method"]).dpsgd_sections:
+    for section in method.dpsgd_sections:
         if f"{section}.batch_size" in chosen or f"{section}.epochs" in chosen:
             continue
-        batch, steps = config[section]["batch_size"], dpsgd_steps(config, section, info.num_train)
+        values = method.settings(config, section)
+        batch, steps = values.batch_size, dpsgd_steps(values, info.num_train)
         fix = (f"use --preset auto (the default), which sizes the batch and steps to the data, or set "
                f"{section}.batch_size and {section}.epochs")
         if batch > info.num_train:
-            raise ConfigError(f"preset {config['preset']!r} samples batches of {batch:,} ({section}.batch_size), more "
-                              f"than the {info.num_train:,} training images of {info.name}; {fix}")
+            raise ConfigError(f"preset {preset_name(config)!r} samples batches of {batch:,} ({section}.batch_size), "
+                              f"more than the {info.num_train:,} training images of {info.name}; {fix}")
         if info.num_train >= MIN_STEPS_FROM and steps < MIN_STEPS:
-            raise ConfigError(f"preset {config['preset']!r} plans {steps} DP-SGD steps ({section}) on the "
+            raise ConfigError(f"preset {preset_name(config)!r} plans {steps} DP-SGD steps ({section}) on the "
                               f"{info.num_train:,} training images of {info.name} (batch {batch:,}, "
-                              f"{config[section]['epochs']:g} epochs), too few to train; {fix}")
+                              f"{values.epochs:g} epochs), too few to train; {fix}")
 
 

@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import Config, SamplingSettings, merge
 from ..diffusion.settings import sampling_units
@@ -155,17 +155,28 @@ def _with_floor(steps: int, num_train: int) -> int:
     return min(max(steps, MIN_STEPS), MAX_STEPS)
 
 
-def dpsgd_steps(config: Config, section: str, num_train: int) -> int:
-    """int(epochs / q) steps of section ``section``, as :class:`~dpsynth.privacy.DpsgdSchedule` counts them."""
-    values = config[section]
-    rate = min(values["batch_size"], num_train) / num_train
-    return max(1, int(values["epochs"] / rate))
+class DpsgdSizes(Protocol):
+    """What a plan reads of a DP-SGD section's settings (a method's own class for it)."""
+
+    batch_size: int
+    epochs: float
+    physical_batch_size: int
 
 
-def dpsgd_seconds(config: Config, section: str, inputs: PlanInputs, throughput: Throughput) -> float:
-    values = config[section]
-    rows = values["batch_size"] * values.get("noise_multiplicity", 1)
-    return dpsgd_steps(config, section, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
+def multiplicity(settings: DpsgdSizes) -> int:
+    """The noise multiplicity K of a DP-SGD section (the rows each example adds to a batch): 1 without one."""
+    return getattr(settings, "noise_multiplicity", 1)
+
+
+def dpsgd_steps(settings: DpsgdSizes, num_train: int) -> int:
+    """int(epochs / q) steps of a DP-SGD section, as :class:`~dpsynth.privacy.DpsgdSchedule` counts them."""
+    rate = min(settings.batch_size, num_train) / num_train
+    return max(1, int(settings.epochs / rate))
+
+
+def dpsgd_seconds(settings: DpsgdSizes, section: str, inputs: PlanInputs, throughput: Throughput) -> float:
+    rows = settings.batch_size * multiplicity(settings)
+    return dpsgd_steps(settings, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
 
 
 def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool, side: int
@@ -199,10 +210,10 @@ def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughpu
     return seconds + EVALUATION_FIXED_SECONDS
 
 
-def public_seconds(config: Config, sections: tuple[str, ...], throughput: Throughput) -> float:
-    """Seconds of training on public data (``iterations`` x ``batch_size`` rows of each section)."""
-    rate = throughput.public_per_row
-    return sum(config[name]["iterations"] * config[name]["batch_size"] * rate for name in sections)
+def public_seconds(config: Config, method: MethodShape, throughput: Throughput) -> float:
+    """Seconds of training on public data (``iterations`` x ``batch_size`` rows of each public section)."""
+    sections = [method.settings(config, name) for name in method.public_sections]
+    return sum(values.iterations * values.batch_size * throughput.public_per_row for values in sections)
 
 
 def _no_phases(config: Config, num_images: float) -> dict[str, float]:
@@ -212,13 +223,15 @@ def _no_phases(config: Config, num_images: float) -> dict[str, float]:
 @dataclass(frozen=True)
 class MethodShape:
     """What the plan needs of a method: its DP-SGD sections, its public training sections, whether it releases
-    soft labels, the units of work of the phases the probe times by the unit (``phase_units(config,
-    num_images)``), the one of those whose iterations the plan sizes (phase, key) and the units of its release's
-    work (``release_units(config)``, priced at the probe's sampling rate)."""
+    soft labels, how it reads a section of a config (``settings(config, section)``: through its settings class),
+    the units of work of the phases the probe times by the unit (``phase_units(config, num_images)``), the one of
+    those whose iterations the plan sizes (phase, key) and the units of its release's work
+    (``release_units(config)``, priced at the probe's sampling rate)."""
 
     dpsgd_sections: tuple[str, ...]
     public_sections: tuple[str, ...]
     soft_labels: bool
+    settings: Callable[[Config, str], Any]
     phase_units: Callable[[Config, float], dict[str, float]] = _no_phases
     sized_phase: tuple[str, str] | None = None
     release_units: Callable[[Config], float] = sampling_units
@@ -238,7 +251,7 @@ def sized_phase(config: Config, method: MethodShape, inputs: PlanInputs, through
     assert method.sized_phase is not None
     phase, key = method.sized_phase
     section, name = key.split(".")
-    base = config[section][name]
+    base = getattr(method.settings(config, section), name)
     if key in kept:
         return {}, [f"{phase}: {key} {base} as set"]
     per_key_unit = phase_seconds(config, method, inputs, throughput)[phase] / base  # the key's unit, every epoch
@@ -264,10 +277,10 @@ def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, th
     """Expected seconds of each phase of a run of ``config`` (and ``total``)."""
     phases = {"startup": STARTUP_SECONDS}
     if method.public_sections:
-        phases["public training"] = public_seconds(config, method.public_sections, throughput)
+        phases["public training"] = public_seconds(config, method, throughput)
     phases.update(phase_seconds(config, method, inputs, throughput))
     for section in method.dpsgd_sections:
-        phases[f"dp-sgd ({section})"] = dpsgd_seconds(config, section, inputs, throughput)
+        phases[f"dp-sgd ({section})"] = dpsgd_seconds(method.settings(config, section), section, inputs, throughput)
     phases["sampling"] = sampling_seconds(config, method, throughput, compiled, inputs.shape[1])
     phases["evaluation"] = evaluation_seconds(config, inputs, throughput, method.soft_labels)
     phases["total"] = sum(phases.values())
@@ -288,7 +301,7 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
     floor = training_floor(config, method, inputs, throughput, kept)
     overrides, after, decisions = fit_release(config, method, inputs, throughput, compiles, budget, floor, kept)
     phases = phase_seconds(config, method, inputs, throughput)
-    left = (budget - STARTUP_SECONDS - after - public_seconds(config, method.public_sections, throughput)
+    left = (budget - STARTUP_SECONDS - after - public_seconds(config, method, throughput)
             - sum(seconds for phase, seconds in phases.items() if method.sized_phase is None
                   or phase != method.sized_phase[0]))
     if method.sized_phase is not None:
@@ -298,23 +311,23 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
         return overrides, [*decisions, *words]
     if not method.dpsgd_sections:
         return overrides, decisions
-    shares = _section_shares(config, method.dpsgd_sections)
+    shares = _section_shares(config, method)
     for section, share in shares.items():
-        values = config[section]
+        values = method.settings(config, section)
         if f"{section}.epochs" in kept:
             decisions.append(f"{section}: batch and epochs as set")
             continue
         seconds = max(left * share, 0.0)
         fixed_batch = f"{section}.batch_size" in kept
         cost = inputs.cost(throughput, section)
-        step_cap = max(dpsgd_steps(config, section, inputs.num_train), STEP_TARGET)
-        size_ = size_dpsgd(seconds, cost, inputs.num_train, values["batch_size"], values.get("noise_multiplicity", 1),
-                           fixed_batch, step_cap)
+        step_cap = max(dpsgd_steps(values, inputs.num_train), STEP_TARGET)
+        size_ = size_dpsgd(seconds, cost, inputs.num_train, values.batch_size, multiplicity(values), fixed_batch,
+                           step_cap)
         epochs = (size_.steps + 0.5) * size_.batch_size / inputs.num_train  # int(epochs / q) is the steps
         _set(overrides, f"{section}.batch_size", size_.batch_size)
         _set(overrides, f"{section}.epochs", float(f"{epochs:.6g}"))
-        _set(overrides, f"{section}.physical_batch_size", min(values["physical_batch_size"], size_.batch_size))
-        if "noise_multiplicity" in values:
+        _set(overrides, f"{section}.physical_batch_size", min(values.physical_batch_size, size_.batch_size))
+        if hasattr(values, "noise_multiplicity"):
             _set(overrides, f"{section}.noise_multiplicity", size_.noise_multiplicity)
         rows = size_.batch_size * size_.noise_multiplicity
         expected = size_.steps * cost.seconds(rows)
@@ -337,17 +350,17 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
     """Seconds of the least training a plan releases: start-up, public training, and in each DP-SGD section
     :data:`MIN_STEPS` steps of at least :data:`MIN_BATCH` units (the data's largest batch where that is smaller;
     the user's batch where set), or the user's own steps where they set the epochs."""
-    seconds = STARTUP_SECONDS + public_seconds(config, method.public_sections, throughput)
+    seconds = STARTUP_SECONDS + public_seconds(config, method, throughput)
     sized_phase, sized_key = method.sized_phase or (None, None)
     for phase, phase_time in phase_seconds(config, method, inputs, throughput).items():
         seconds += phase_time * (MIN_SIZED_SHARE if phase == sized_phase and sized_key not in kept else 1)
     least = max(1, min(MIN_BATCH, floor_power_of_two(inputs.num_train * MAX_SAMPLE_RATE)))
     for section in method.dpsgd_sections:
-        values = config[section]
-        batch = values["batch_size"] if f"{section}.batch_size" in kept else least
+        values = method.settings(config, section)
+        batch = values.batch_size if f"{section}.batch_size" in kept else least
         dpsgd_schedule(section, batch, 1.0, inputs.num_train)  # ConfigError for a batch the data cannot hold
-        steps = dpsgd_steps(config, section, inputs.num_train) if f"{section}.epochs" in kept else MIN_STEPS
-        seconds += steps * inputs.cost(throughput, section).seconds(batch * values.get("noise_multiplicity", 1))
+        steps = dpsgd_steps(values, inputs.num_train) if f"{section}.epochs" in kept else MIN_STEPS
+        seconds += steps * inputs.cost(throughput, section).seconds(batch * multiplicity(values))
     return seconds
 
 
@@ -460,9 +473,10 @@ def unet_levels(block_channels: Sequence[int], side: int) -> list[int]:
     return widths
 
 
-def _section_shares(config: Config, sections: tuple[str, ...]) -> dict[str, float]:
+def _section_shares(config: Config, method: MethodShape) -> dict[str, float]:
     """Each DP-SGD section's share of the time: as its base preset divides the examples (epochs x K)."""
-    weights = {name: config[name]["epochs"] * config[name].get("noise_multiplicity", 1) for name in sections}
+    sections = {name: method.settings(config, name) for name in method.dpsgd_sections}
+    weights = {name: values.epochs * multiplicity(values) for name, values in sections.items()}
     total = sum(weights.values())
     return {name: weight / total for name, weight in weights.items()}
 

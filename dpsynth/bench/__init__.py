@@ -30,16 +30,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..api import dataset_from_config, resolve_config
-from ..config import BASE_CONFIG, Config, EvaluationSection, flat_keys, get_value, section_defaults
+from ..config import (
+    BASE_CONFIG,
+    Config,
+    EvaluationSection,
+    flat_keys,
+    get_value,
+    method_name,
+    preset_name,
+    section_defaults,
+    set_value,
+)
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
-from ..methods import METHODS
+from ..methods import METHODS, get_method
 from ..planning import plan_budget_for
 from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, machine_type, write_results
@@ -127,8 +137,9 @@ def _configs(spec: BenchSpec, out: Path) -> dict[Cell, Config]:
                                     data_dir=spec.data_dir, overrides=[*shared, *scoped.get(cell.method, []), *direct])
         except ConfigError as exc:
             raise ConfigError(f"{cell.name}: {exc}") from None
-        if METHODS[cell.method].needs_public_model and not config["model"]["init_from"]:
-            config["model"]["init_from"] = str(_public_dir(out) / f"{cell.method}-{cell.dataset}")
+        method = METHODS[cell.method]
+        if method.needs_public_model and not method.settings(config, "model").init_from:
+            set_value(config, "model.init_from", str(_public_dir(out) / f"{cell.method}-{cell.dataset}"), cell.name)
         configs[cell] = config
     infos = {name: dataset_from_config(next(c for cell, c in configs.items() if cell.dataset == name)).info
              for name in spec.datasets}
@@ -236,18 +247,22 @@ def _public_model(run: RunDirectory, spec: BenchSpec, out: Path) -> bool:
     """Pre-train the public model the cell starts from when it is the bench's and not yet finished (a child
     process recorded in the cell's bench.jsonl as phase ``public``); False if that fails."""
     config = run.config()
-    directory = Path(config["model"]["init_from"]) if config.get("model", {}).get("init_from") else None
+    method = get_method(method_name(config))
+    start = method.settings(config, "model").init_from if "model" in method.sections else None
+    directory = Path(start) if start else None
     if directory is None or directory.parent != _public_dir(out) or run.file(PRIVACY).exists() \
             or finished_pretraining(directory):
         return True
     shutil.rmtree(directory, ignore_errors=True)  # an interrupted pre-training starts again: public data, no budget
     info = dataset_from_config(config).info
     shape = [f"{section}.{key}={json.dumps(value)}" for section in ("model", "diffusion")
-             for key, value in config[section].items() if key not in ("init_from", "class_start")]
+             for key, value in asdict(method.settings(config, section)).items()
+             if key not in ("init_from", "class_start")]
     settings = [f"dataset.resolution={info.height}", f"dataset.channels={info.channels}", *shape]
     device = ["--device", spec.device] if spec.device else []
-    command = [sys.executable, "-m", "dpsynth", "pretrain", "--for", config["method"], "--preset", config["preset"],
-               "--dataset", PUBLIC, "--out", str(directory), "--iterations", str(spec.public_iterations),
+    command = [sys.executable, "-m", "dpsynth", "pretrain", "--for", method_name(config), "--preset",
+               preset_name(config), "--dataset", PUBLIC, "--out", str(directory), "--iterations",
+               str(spec.public_iterations),
                *[arg for item in settings for arg in ("--set", item)], *device]
     returncode = _child(run, "public", command)
     if returncode != 0:

@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..config import Config, DatasetSettings, SamplingSettings, load_config, method_name
 from ..errors import DpsynthError
+from ..methods import get_method
+from ..runs import CONFIG
 from . import record
 from .results import seeds_accuracy
 
@@ -31,19 +32,19 @@ def points(benches: list[Path]) -> list[dict[str, Any]]:
             if row["status"] != "done":
                 continue
             run = bench / "runs" / Path(row["run_dir"]).name  # older records give the whole path
-            config = yaml.safe_load((run / "config.yaml").read_text())
-            images = _images(run, config["dataset"])
+            config = load_config((run / CONFIG).read_text(), str(run / CONFIG))
+            images = _images(run, DatasetSettings.of(config))
             found.append({**row, "bench": bench.name, "hours": row["synthesis_wall_min"] / 60,
                           "cpu_hours": row["synthesis_cpu_min"] / 60, "model": f"{images}, {_model(config)}",
                           "setup": f"{images}, {_model(config, with_epochs=False)}"})
     return sorted(found, key=lambda p: (p["method"], p["target_epsilon"], p["hours"]))
 
 
-def _images(run: Path, dataset: dict[str, Any]) -> str:
+def _images(run: Path, dataset: DatasetSettings) -> str:
     """The released images' size and colour (``28 x 28 grey``): as the config declares them, else as the
     release's README states them."""
-    if isinstance(dataset.get("resolution"), int) and isinstance(dataset.get("channels"), int):
-        channels, height, width = dataset["channels"], dataset["resolution"], dataset["resolution"]
+    if isinstance(dataset.resolution, int) and isinstance(dataset.channels, int):
+        channels, height, width = dataset.channels, dataset.resolution, dataset.resolution
     else:
         found = RELEASED_SHAPE.search((run / "release" / "README.md").read_text())
         if found is None:
@@ -52,23 +53,24 @@ def _images(run: Path, dataset: dict[str, Any]) -> str:
     return f"{height} x {width} {'grey' if channels == 1 else 'RGB' if channels == 3 else f'{channels} channels'}"
 
 
-def _model(config: dict[str, Any], with_epochs: bool = True) -> str:
-    """The UNet and DP-SGD schedule of a cell, with each lever set away from its default (K, noise levels, a
-    public start, trained parameter groups) and the release's size; without the epochs, what a series of more
-    compute keeps the same."""
-    model, dpsgd, diffusion = config["model"], config.get("dpsgd", {}), config.get("diffusion", {})
-    parts = [f"{list(model['block_channels'])} x{model['layers_per_block']}", f"batch {dpsgd.get('batch_size')}"]
+def _model(config: Config, with_epochs: bool = True) -> str:
+    """The UNet and DP-SGD schedule of a cell (a diffusion method's), with each lever set away from its default (K,
+    noise levels, a public start, trained parameter groups) and the release's size; without the epochs, what a
+    series of more compute keeps the same."""
+    method = get_method(method_name(config))
+    model, dpsgd, diffusion = (method.settings(config, name) for name in ("model", "dpsgd", "diffusion"))
+    parts = [f"{list(model.block_channels)} x{model.layers_per_block}", f"batch {dpsgd.batch_size}"]
     if with_epochs:
-        parts.append(f"{dpsgd.get('epochs')} epochs")
-    if dpsgd.get("noise_multiplicity", 1) != 1:
-        parts.append(f"K = {dpsgd['noise_multiplicity']}")
-    if diffusion.get("noise_levels", "uniform") != "uniform":
-        parts.append(f"ln σ ~ N({diffusion['noise_level_mean']:g}, {diffusion['noise_level_std']:g}²)")
-    if model.get("init_from"):
+        parts.append(f"{dpsgd.epochs} epochs")
+    if dpsgd.noise_multiplicity != 1:
+        parts.append(f"K = {dpsgd.noise_multiplicity}")
+    if diffusion.noise_levels != "uniform":
+        parts.append(f"ln σ ~ N({diffusion.noise_level_mean:g}, {diffusion.noise_level_std:g}²)")
+    if model.init_from:
         parts.append("public start")
-    if list(model.get("trainable", ["all"])) != ["all"]:
-        parts.append("trains " + " + ".join(model["trainable"]))
-    parts.append(f"{config['sampling']['num_samples']:,} released")
+    if list(model.trainable) != ["all"]:
+        parts.append("trains " + " + ".join(model.trainable))
+    parts.append(f"{SamplingSettings.of(config).num_samples:,} released")
     return ", ".join(parts)
 
 

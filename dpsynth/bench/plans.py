@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..config import PlanSettings, SamplingSettings, load_config
+from ..config import PlanSettings, SamplingSettings, load_config, method_name, preset_name
 from ..errors import DpsynthError
+from ..methods import get_method
 from ..runs import CONFIG
 
 
@@ -40,21 +41,21 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
     config = load_config((run / CONFIG).read_text(), str(run / CONFIG))
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     privacy = json.loads((run / "release" / "privacy.json").read_text())
-    sections = [(name, config[name]["batch_size"], stage["mechanisms"][0]["steps"])  # each DP-SGD section's
-                for stage in privacy["stages"] for name in [stage["name"].replace("-", "")]  # stage dp-sgd: dpsgd
-                if stage["mechanisms"][0]["mechanism"] == "subsampled_gaussian"
-                and "batch_size" in config.get(name, {})]
+    method = get_method(method_name(config))
+    sections = [(name, method.settings(config, name).batch_size, stage["mechanisms"][0]["steps"])  # each DP-SGD
+                for stage in privacy["stages"] for name in [stage["name"].replace("-", "")]  # section's; dp-sgd: dpsgd
+                if stage["mechanisms"][0]["mechanism"] == "subsampled_gaussian" and name in method.dpsgd_sections]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     plan = PlanSettings.of(config)
     expected = plan.expected_seconds or {}  # a fixed preset expects nothing
     stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
-            "method": config["method"], "sections": sections,
+            "method": method_name(config), "sections": sections,
             "batch": sections[-1][1] if sections else None, "steps": sections[-1][2] if sections else None,
             "trained_at": privacy.get("upscaling", {}).get("private_side"),
             "release": SamplingSettings.of(config).num_samples, "epsilon": privacy["epsilon"],
-            "preset": config["preset"], "measured_min": wall / 60,
+            "preset": preset_name(config), "measured_min": wall / 60,
             "budget": plan.time_budget if expected else None,
             "expected_min": expected["total"] / 60 if expected else None,
             "cnn": cnn.get("test_accuracy"), "cnn_std": cnn.get("test_accuracy_std"),

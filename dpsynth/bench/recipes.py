@@ -13,13 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..autoplan.recipes import HOLDER_SIDE, Recipe
 from ..autoplan.rules import parse_duration
+from ..config import Config, DatasetSettings, PlanSettings, PrivacySettings, method_name, preset_name
 from ..runs import REHEARSAL
 from .frontier import RELEASED_SHAPE
-from .regime import class_count, data_name, provenance, public_units, trained_side
+from .regime import class_count, data_name, provenance, public_units, recorded_config, trained_side
 
 REAL_CNN = "real-cnn"  # the folder of benchmarks/real_cnn.py's records, under the results
 
@@ -39,33 +38,33 @@ def recipe_of(run: Path, results: Path) -> Recipe | None:
     privacy_path, wall_path = run / "release" / "privacy.json", measurement / "wall.txt"
     if cnn is None or not privacy_path.is_file() or not wall_path.is_file() or (run / REHEARSAL).is_file():
         return None
-    config = yaml.safe_load((run / "config.yaml").read_text())
+    config = recorded_config(run)
     privacy = json.loads(privacy_path.read_text())
     train_side = trained_side(run, config)
     side = (privacy.get("upscaling") or {}).get("release_side", train_side)
-    if side < HOLDER_SIDE or config.get("preset") != "auto":
+    if side < HOLDER_SIDE or preset_name(config) != "auto":
         return None
     metrics = json.loads((run / "metrics.json").read_text())
     machine, date = provenance(run, results)
-    return Recipe(record=str(run.relative_to(results)), method=config["method"], data=data_name(config["dataset"]),
-                  units=public_units(run, config), side=side, train_side=train_side,
+    return Recipe(record=str(run.relative_to(results)), method=method_name(config), data=data_name(config),
+                  units=public_units(run), side=side, train_side=train_side,
                   channels=released_channels(run, config),
                   epsilon=float(privacy["target_epsilon"]),
-                  budget_minutes=parse_duration(config["plan"]["time_budget"]) / 60,
+                  budget_minutes=parse_duration(PlanSettings.of(config).time_budget) / 60,
                   wall_minutes=round(int(wall_path.read_text()) / 60, 1),
                   accuracy=float(cnn["test_accuracy"]), chance=1 / class_count(run, config),
-                  real_accuracy=real_accuracy(results, data_name(config["dataset"]), side),
+                  real_accuracy=real_accuracy(results, data_name(config), side),
                   fid_infinity=metrics.get("fid_infinity"),
                   machine=machine, date=date)
 
 
-def released_channels(run: Path, config: dict[str, Any]) -> int:
+def released_channels(run: Path, config: Config) -> int:
     """The channels of the run's release: as its datasheet states them, else declared, else drawn by its vote."""
     readme = run / "release" / "README.md"
     stated = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
     if stated:
         return int(stated[1])
-    declared, drawn = config["dataset"].get("channels"), config["privacy"].get("noisy_shape")
+    declared, drawn = DatasetSettings.of(config).channels, PrivacySettings.of(config).noisy_shape
     return int(declared) if isinstance(declared, int) else int(drawn[0])
 
 

@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..autoplan.regime import Outcome, Start
+from ..config import Config, DatasetSettings, PrivacySettings, load_config, method_name
 from ..methods import get_method
 from ..planning import TRAINING_STAGE
-from ..runs import PRIVACY, REHEARSAL
+from ..runs import CONFIG, PRIVACY, REHEARSAL
 from .frontier import RAN_ON, RELEASED_SHAPE
 
 STAMP = re.compile(r"-(\d{4})(\d{2})(\d{2})-\d{6}$")
@@ -50,13 +49,12 @@ def outcome_of(run: Path, results: Path) -> Outcome | None:
               if entry["stage"] == TRAINING_STAGE and entry["event"].get("kind") == "subsampled_gaussian"]
     if cnn is None or len(events) != 1 or (run / REHEARSAL).is_file():  # a rehearsal forecasts; it records no plan
         return None
-    config = yaml.safe_load((run / "config.yaml").read_text())
-    if not get_method(config["method"]).pixel_regime:  # DP-SGD on latents: not the pixel runs the regime reads
+    config = recorded_config(run)
+    if not get_method(method_name(config)).pixel_regime:  # DP-SGD on latents: not the pixel runs the regime reads
         return None
-    event, dataset = events[0], config["dataset"]
-    units = public_units(run, config)
+    event, units = events[0], public_units(run)
     machine, date = provenance(run, results)
-    return Outcome(record=str(run.relative_to(results)), method=config["method"], data=data_name(dataset),
+    return Outcome(record=str(run.relative_to(results)), method=method_name(config), data=data_name(config),
                    side=trained_side(run, config), start=_start(config), units=units,
                    batch=event["sample_rate"] * units,
                    steps=int(event["steps"]), sigma=float(event["noise_multiplier"]),
@@ -64,45 +62,52 @@ def outcome_of(run: Path, results: Path) -> Outcome | None:
                    date=date)
 
 
-def data_name(dataset: dict[str, Any]) -> str:
-    return Path(dataset["data_dir"]).name if dataset.get("data_dir") else dataset["name"]
+def recorded_config(run: Path) -> Config:
+    """The config of the recorded run in ``run``, as this dpsynth reads it (migrated)."""
+    return load_config((run / CONFIG).read_text(), str(run / CONFIG))
 
 
-def trained_side(run: Path, config: dict[str, Any]) -> int:
+def data_name(config: Config) -> str:
+    """The data a run read: its folder's name, else the dataset's."""
+    dataset = DatasetSettings.of(config)
+    return Path(dataset.data_dir).name if dataset.data_dir else dataset.name
+
+
+def trained_side(run: Path, config: Config) -> int:
     """The side the run trained at: declared, drawn by its shape vote, stated by its datasheet, or the set's own."""
-    dataset, drawn = config["dataset"], config["privacy"].get("noisy_shape")
-    if isinstance(dataset.get("train_resolution"), int):  # read smaller than the data, the release lifted back
-        return dataset["train_resolution"]
-    if isinstance(dataset.get("resolution"), int):
-        return dataset["resolution"]
+    dataset, drawn = DatasetSettings.of(config), PrivacySettings.of(config).noisy_shape
+    if isinstance(dataset.train_resolution, int):  # read smaller than the data, the release lifted back
+        return dataset.train_resolution
+    if isinstance(dataset.resolution, int):
+        return dataset.resolution
     if drawn:
         return int(drawn[1])
     readme = run / "release" / "README.md"
     found = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
     if found:
         return int(found[2])
-    named = SIDE_IN_NAME.search(data_name(dataset))
-    return int(named[1]) if named else NATIVE_SIDE[re.split(r"[-.]", data_name(dataset))[0] if dataset["name"] == "npz"
-                                                   else dataset["name"]]
+    named = SIDE_IN_NAME.search(data_name(config))
+    return int(named[1]) if named else NATIVE_SIDE[re.split(r"[-.]", data_name(config))[0] if dataset.name == "npz"
+                                                   else dataset.name]
 
 
-def public_units(run: Path, config: dict[str, Any]) -> int:
+def public_units(run: Path) -> int:
     """The training split's public size, as the release's privacy.json states it."""
     return int(json.loads((run / "release" / "privacy.json").read_text())["dataset_size"])
 
 
-def class_count(run: Path, config: dict[str, Any]) -> int:
+def class_count(run: Path, config: Config) -> int:
     """The number of classes, from the release's per-class table when it has a datasheet, else the set's own."""
     readme = run / "release" / "README.md"
     if readme.is_file():
         rows = re.findall(r"^\| (?!class |---).+ \| [\d,]+ \|$", readme.read_text(), re.MULTILINE)
         if rows:
             return len(rows)
-    return CLASSES.get(config["dataset"]["name"], 10)
+    return CLASSES.get(DatasetSettings.of(config).name, 10)
 
 
-def _start(config: dict[str, Any]) -> Start:
-    method = get_method(config["method"])(config)
+def _start(config: Config) -> Start:
+    method = get_method(method_name(config))(config)
     return "public model" if method.starts_from_public_model() else "random"
 
 

@@ -107,8 +107,12 @@ class PretrainSettings:
                    beta_schedule=diffusion.beta_schedule, prediction=diffusion.prediction)
 
 
+def sample_steps(config: Config) -> int:
+    """The sampler's steps per image of a config with a ``diffusion`` section; 0 without one."""
+    return section_settings(DiffusionSettings, config, "diffusion").sample_steps if "diffusion" in config else 0
+
+
 def sampling_units(config: Config) -> float:
     """A diffusion model's release work: images x sampling steps (x 2 under guidance); none without ``diffusion``."""
-    diffusion = config.get("diffusion", {})
-    return SamplingSettings.of(config).num_samples * diffusion.get("sample_steps", 0) * (
-        2 if diffusion.get("guidance") else 1)
+    guided = "diffusion" in config and section_settings(DiffusionSettings, config, "diffusion").guidance > 0
+    return SamplingSettings.of(config).num_samples * sample_steps(config) * (2 if guided else 1)

@@ -7,7 +7,7 @@ is charged to the privacy ledger (the "evaluation" budget), because it picks whi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class EvaluationSettings(EvaluationSection):
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> EvaluationSettings:
         """The ``evaluation`` section of a run's ``config``, checked."""
-        return cls.from_config(config.get("evaluation") or {})
+        return cls.from_config(asdict(EvaluationSection.of(config)))
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> EvaluationSettings:

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import method_name
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def get_method(name: str) -> type[Method]:
 
 def create_method(config: Mapping[str, Any]) -> Method:
     """The method ``config`` names, built from it: a run builds it once, after its plan, and keeps it."""
-    return get_method(config["method"])(config)
+    return get_method(method_name(config))(config)
 
 
 __all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "create_method", "get_method", "shortcuts"]

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..config import Config, SamplingSettings, section_defaults
+from ..config import SHARED_BY_NAME, Config, SamplingSettings, section_defaults, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
@@ -106,6 +106,13 @@ class Method(ABC):
     def defaults(cls) -> Config:
         """Its sections with their defaults, as a config (the fields of each section's dataclass)."""
         return {name: section_defaults(kind) for name, kind in cls.sections.items()}
+
+    @classmethod
+    def settings(cls, config: Config, section: str) -> Any:
+        """Section ``section`` of ``config`` read through its settings class, checked: one of the method's own
+        (:attr:`sections`) or a shared one."""
+        kind = cls.sections.get(section) or SHARED_BY_NAME[section]
+        return section_settings(kind, config, section)
 
     @classmethod
     def fixed_preset(cls, name: str) -> dict[str, Any]:
@@ -230,8 +237,8 @@ class DiffusionMethod(Method):
         return self.trainer.public_data()
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
-        return self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections), shape, num_classes,
-                                   device)
+        sections = [self.settings(self.config, section) for section in self.dpsgd_sections]
+        return self.trainer.probes(sections, bool(self.public_sections), shape, num_classes, device)
 
     def trained_generator(self) -> Generator:
         if self.model is None or self.info is None:

@@ -137,7 +137,7 @@ class DPLDM(DPDM):
         """The UNet's probes at the latent shape (:meth:`model_shape`); a unit of the release's work (an image-step
         of sampling) carries its share of decoding the image (one decode per ``diffusion.sample_steps``), and
         encoding the private images is a phase of its own, by the image."""
-        probes = self.trainer.probes(self.config, self.dpsgd_sections, bool(self.public_sections),
+        probes = self.trainer.probes([self.dpsgd_settings], bool(self.public_sections),
                                      self.model_shape(self.config, shape), num_classes, device)
         sample, steps = probes.sampling, self.trainer.settings.sample_steps
         encoding = {ENCODING_PHASE: lambda: coding_cost(self.config, shape, device, decode=False)}

@@ -6,14 +6,13 @@ exists, and :func:`record_drawn` records each planned fact's mechanism in the le
 checkpoint, so no released number depends on a fact the ledger lacks."""
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Container
 from dataclasses import dataclass
 
 import torch
 
-from ..config import Config, DatasetSettings, PrivacySettings, RunSettings
+from ..config import Config, DatasetSettings, PrivacySettings, RunSettings, with_drawn
 from ..data import Dataset, DatasetInfo, get_source
 from ..data.registry import SplitSize, dataset_shape_votes, held_out, train_size
 from ..errors import DataError, PrivacyWarning
@@ -85,11 +84,8 @@ def with_noisy_shape(config: Config) -> Config:
         warnings.warn(f"{settings.name}: the DP vote on the images' shape chose {channels} x {side} x {side}, but "
                       "so few images vote that the noise decides more than they do; declare the shape instead "
                       "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
-    config = copy.deepcopy(config)
-    config["privacy"]["noisy_shape"] = [channels, side]
     window = noisy.window()
-    config["privacy"]["noisy_window"] = None if window is None else list(window)
-    return config
+    return with_drawn(config, noisy_shape=[channels, side], noisy_window=None if window is None else list(window))
 
 
 def held_out_of(config: Config) -> tuple[SplitSize, SplitSize]:

@@ -175,10 +175,10 @@ class DiffusionTrainer:
         return diffusion_loss(self.diffusion.batch_loss, self.batch_maker(context, k, data), len(data), settings,
                               context.generator)
 
-    def probes(self, config: Config, sections: Sequence[str], public: bool, shape: tuple[int, int, int],
-               num_classes: int, device: torch.device) -> Probes:
-        """The UNet's DP-SGD in each of ``config``'s DP-SGD ``sections``, its sampling calls and (with ``public``)
-        its public training, on random tensors."""
+    def probes(self, sections: Sequence[DpsgdSection], public: bool, shape: tuple[int, int, int], num_classes: int,
+               device: torch.device) -> Probes:
+        """The UNet's DP-SGD in each of its DP-SGD ``sections``, its sampling calls and (with ``public``) its public
+        training, on random tensors."""
         generator = torch.Generator().manual_seed(0)
 
         def unet() -> torch.nn.Module:
@@ -213,11 +213,10 @@ class DiffusionTrainer:
             return timed(step, device) / rows
 
         probes = {}
-        for section in sections:
-            settings = DpsgdSection.of(config, section)
+        for settings in sections:
             bf16 = resolve_bf16(settings.bf16, device, settings.key("bf16")).value
-            k = (DiffusionDpsgdSection.of(config, section).noise_multiplicity
-                 if "noise_multiplicity" in config[section] else 1)  # no K (DP-SAD's student): one draw
-            probes[section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(k),
+            # no K (DP-SAD's student): one draw
+            k = settings.noise_multiplicity if isinstance(settings, DiffusionDpsgdSection) else 1
+            probes[settings.section] = (DpsgdProbe(unet(), self.diffusion.example_loss, make_batch(k),
                                           settings.physical_batch_size, bf16, self.diffusion.example_losses), k)
         return Probes(probes, sampling, public_training if public else None)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -51,7 +51,7 @@ class DpsgdSection:
 
     @classmethod
     def of(cls: type[D], config: Config, section: str) -> D:
-        return replace(section_settings(cls, config, section), section=section)
+        return section_settings(cls, config, section)
 
     def schedule(self, num_train: int) -> DpsgdSchedule:
         return dpsgd_schedule(self.section, self.batch_size, self.epochs, num_train)
