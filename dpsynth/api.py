@@ -15,7 +15,7 @@ from .autoplan.plan import auto_preset
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     SCHEMA,
-    SHARED_SECTIONS,
+    SHARED_BY_NAME,
     Config,
     DatasetSettings,
     PlanSettings,
@@ -23,7 +23,6 @@ from .config import (
     ReleaseSettings,
     RunSettings,
     build_config,
-    choice_setting,
     method_name,
     parse_overrides,
     preset_name,
@@ -64,9 +63,6 @@ from .planning import (
     with_public_size,
     with_training_side,
 )
-from .privacy import (
-    ACCOUNTANTS,
-)
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.dataset_facts import (
     SHAPE,
@@ -96,19 +92,21 @@ def resolve_config(
                      if chosen == AUTO_PRESET else method_cls.fixed_preset(chosen))
     pairs.append(("plan.user_keys", sorted({key for key, _ in pairs})))
     config = {"schema": SCHEMA, "method": method, "preset": chosen,
-              **build_config(method_cls.defaults(), preset_values, chosen, pairs)}
+              **build_config(method_cls.sections, preset_values, chosen, pairs)}
     validate_config(config)
     return config
 
 
 def validate_config(config: Config) -> None:
-    """ConfigError / PrivacyError for values no run can use: the schema, the target, every shared key's type and
-    rule (:data:`~dpsynth.config.SHARED_SECTIONS`), then what only the layers above the config know."""
+    """ConfigError / PrivacyError for values no run can use: the schema, the method, every key's type and rule
+    (each section read through its settings class, the shared ones and the method's), then what only the layers
+    above the config know."""
     if schema_of(config) != SCHEMA:
         raise ConfigError(f"schema must be {SCHEMA} (a config resolve_config made, or load_config read: it migrates "
                           f"older files), got {schema_of(config)!r}")
-    for kind in SHARED_SECTIONS:
-        kind.of(config)  # every key's type and rule
+    method = get_method(method_name(config))
+    for section in (*SHARED_BY_NAME, *method.sections):
+        method.settings(config, section)  # every key's type and rule
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
     if privacy.epsilon == math.inf and not run.allow_non_private:
         raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
@@ -120,12 +118,11 @@ def validate_config(config: Config) -> None:
     parse_duration(PlanSettings.of(config).time_budget)
     if run.time_limit is not None:
         parse_duration(run.time_limit, "run.time_limit")
-    choice_setting(config, "privacy", "accountant", ACCOUNTANTS)
     get_source(DatasetSettings.of(config).name)
     hardware_choices(config, torch.device("cpu"), sample_steps(config))  # ConfigError for a bf16 setting not auto,
     # true or false
     check_threads(run.threads)
-    refusal = get_method(method_name(config)).no_generator
+    refusal = method.no_generator
     if ReleaseSettings.of(config).model and refusal:
         raise ConfigError(f"release.model: {method_name(config)} {refusal}")
 

@@ -14,6 +14,7 @@ from .errors import ConfigError
 
 Config = dict[str, Any]
 
+ACCOUNTANTS = ("pld", "rdp")  # the privacy accountants (dpsynth.privacy.accountant) a config may name
 SCHEMA = 5  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
 
 
@@ -106,7 +107,7 @@ class PrivacySettings(Section):
     section: ClassVar[str] = "privacy"
     epsilon: float = 10.0  # positive or inf: the accountant checks it (dpsynth.privacy.accountant.check_epsilon)
     delta: float | None = None
-    accountant: str = "pld"
+    accountant: str = one_of(*ACCOUNTANTS, default="pld")
     dataset_size: int | Literal["auto", "noisy"] = positive(default="auto")
     noisy_dataset_size: int | None = None
     noisy_shape: tuple[int, ...] | None = None
@@ -300,21 +301,6 @@ def _unknown_key(key: str, config: Mapping[str, Any], source: str) -> ConfigErro
     return ConfigError(f"{source}: unknown config key {key!r}; {hint}")
 
 
-def _check_type(key: str, old: Any, new: Any, source: str) -> Any:
-    if old is None or new is None or old == "auto":  # an "auto" key takes its own values, checked where used
-        return new
-    if isinstance(old, bool) or isinstance(new, bool):
-        ok = isinstance(old, bool) and isinstance(new, bool)
-    elif isinstance(old, float):
-        ok = isinstance(new, (int, float))
-        new = float(new) if ok else new
-    else:
-        ok = isinstance(new, type(old))
-    if not ok:
-        raise ConfigError(f"{source}: {key} expects a value of type {type(old).__name__}, got {new!r}")
-    return new
-
-
 def get_value(config: Mapping[str, Any], key: str) -> Any:
     """The value at dotted ``key`` (KeyError or TypeError where the path does not exist)."""
     node: Any = config
@@ -332,8 +318,10 @@ def has_key(config: Mapping[str, Any], key: str) -> bool:
     return True
 
 
-def set_value(config: Config, key: str, value: Any, source: str = "--set") -> None:
-    """Set dotted ``key`` to ``value``; the key must exist and the type must match its default."""
+def set_value(config: Config, key: str, value: Any, source: str = "--set",
+              kinds: Mapping[str, type] | None = None) -> None:
+    """Set dotted ``key`` to ``value``; ConfigError naming ``source`` unless the key exists and, where ``kinds``
+    (each section's settings class) are given, the value is one its field takes (:func:`typed_value`)."""
     *parents, leaf = key.split(".")
     node: Any = config
     for part in parents:
@@ -342,13 +330,31 @@ def set_value(config: Config, key: str, value: Any, source: str = "--set") -> No
         node = node[part]
     if leaf not in node or isinstance(node[leaf], dict):
         raise _unknown_key(key, config, source)
-    node[leaf] = _check_type(key, node[leaf], value, source)
+    node[leaf] = value if kinds is None else typed_value(kinds, key, value, source)
 
 
-def merge(config: Config, update: Mapping[str, Any], source: str) -> None:
-    """Apply a nested ``update`` (a preset) whose keys must all exist in ``config``."""
+def typed_value(kinds: Mapping[str, type], key: str, value: Any, source: str) -> Any:
+    """``value`` of dotted ``key`` as its section's settings class (``kinds[section]``) reads it, checked by the one
+    rule every read applies (:func:`section_settings`), as YAML writes it (lists for tuples); ConfigError naming
+    ``source`` and the key otherwise."""
+    section, leaf = key.split(".", 1)
+    spec = next(spec for spec in fields(kinds[section]) if spec.name == leaf)  # type: ignore[arg-type]
+    try:
+        checked = _checked(key, value, get_type_hints(kinds[section])[leaf], spec.metadata)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return _as_yaml(checked)
+
+
+def _as_yaml(value: Any) -> Any:
+    return [_as_yaml(item) for item in value] if isinstance(value, tuple) else value
+
+
+def merge(config: Config, update: Mapping[str, Any], source: str, kinds: Mapping[str, type] | None = None) -> None:
+    """Apply a nested ``update`` (a preset) whose keys must all exist in ``config`` (their values checked against
+    ``kinds`` where given: :func:`set_value`)."""
     for key in flat_keys(update):
-        set_value(config, key, get_value(update, key), source)
+        set_value(config, key, get_value(update, key), source, kinds)
 
 
 def parse_overrides(items: Iterable[str]) -> list[tuple[str, Any]]:
@@ -377,22 +383,24 @@ def _number_or_self(value: Any) -> Any:
 
 
 def build_config(
-    method_sections: Mapping[str, Any],
+    method_sections: Mapping[str, type],
     preset: Mapping[str, Any],
     preset_name: str,
     overrides: Iterable[tuple[str, Any]] = (),
 ) -> Config:
-    """Base config plus the method's sections, then its preset, then the overrides, in that order."""
+    """Base config plus the method's sections (name -> settings class) at their defaults, then its preset, then
+    the overrides, in that order; each value set is checked by its field's type and rule."""
     config = copy.deepcopy(BASE_CONFIG)
-    for section, values in method_sections.items():
+    for section, kind in method_sections.items():
         if section in config:
             raise ConfigError(f"method section {section!r} clashes with a shared section")
-        config[section] = copy.deepcopy(dict(values))
+        config[section] = section_defaults(kind)
+    kinds = {**SHARED_BY_NAME, **method_sections}
     check_not_run_written(flat_keys(preset), f"preset {preset_name!r}:")
-    merge(config, preset, f"preset {preset_name!r}")
+    merge(config, preset, f"preset {preset_name!r}", kinds)
     for key, value in overrides:
         check_not_run_written([key], "--set")
-        set_value(config, key, value)
+        set_value(config, key, value, "--set", kinds)
     return config
 
 
@@ -464,16 +472,6 @@ def with_defaults(config: Config, defaults: Config) -> Config:
         if isinstance(values, dict):  # one that is not stays for the validation to name
             values.setdefault(leaf, copy.deepcopy(get_value(defaults, key)))
     return config
-
-
-def choice_setting(config: Config, section: str, key: str, choices: Sequence[str]) -> str:
-    """``config[section][key]``; ConfigError naming the key and the choices unless it is one of ``choices``."""
-    if key not in config.get(section, {}):
-        raise ConfigError(f"{section}.{key} is missing from the config")
-    value = config[section][key]
-    if value not in choices:
-        raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, got {value!r}")
-    return value
 
 
 def section_settings(kind: type[S], config: Mapping[str, Any], section: str) -> S:

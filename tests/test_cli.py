@@ -80,7 +80,7 @@ def test_privacy_takes_the_options_run_takes_and_public_images_cost_nothing(caps
     (["privacy", "dpdm", "--set", "privacy.delta=1.5"], "delta must lie strictly between 0 and 1"),
     (["privacy", "dpdm", "--set", "dpsgd.batchsize=3"], "unknown config key 'dpsgd.batchsize'; did you mean "
                                                         "dpsgd.batch_size"),
-    (["privacy", "dpdm", "--set", "dpsgd.batch_size=big"], "dpsgd.batch_size expects a value of type int, got 'big'"),
+    (["privacy", "dpdm", "--set", "dpsgd.batch_size=big"], "--set: dpsgd.batch_size must be a whole number, got 'big'"),
     (["privacy", "dpdm", "--set", "privacy.accountant=moments"], "privacy.accountant must be one of pld, rdp"),
     (["privacy", "pe", "--set", "api.name=dalle"], "api.name must be one of drawtext, diffusion (or an API registered"),
     (["privacy", "dp-sad", "--set", "teacher.training=public"], "teacher.training must be one of dp, non-private"),

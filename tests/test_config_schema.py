@@ -17,6 +17,7 @@ from dpsynth.config import (
     SCHEMA,
     PrivacySettings,
     RunSettings,
+    build_config,
     dump_config,
     get_value,
     load_config,
@@ -25,6 +26,7 @@ from dpsynth.config import (
 from dpsynth.diffusion.settings import DiffusionSettings, UNetSettings
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS
+from dpsynth.training.private import DiffusionDpsgdSection
 
 
 def test_a_config_names_its_schema_first_and_reads_back_the_same():
@@ -139,6 +141,20 @@ def test_a_shared_key_is_checked_by_its_field_and_named(key: str, value: object,
     with pytest.raises(ConfigError, match=message):
         stored_config(config, "config.yaml")
     assert RunSettings.of(resolve_config("dp-merf", preset="cpu", overrides=["run.threads=2"])).threads == 2
+
+
+def test_one_rule_checks_a_value_set_by_a_preset_by_set_and_on_read():
+    kinds = {"dpsgd": DiffusionDpsgdSection}
+    config = build_config(kinds, {"dpsgd": {"epochs": 6}}, "mine", [("dpsgd.noise_multiplicity", 4)])
+    assert config["dpsgd"]["epochs"] == 6.0 and isinstance(config["dpsgd"]["epochs"], float)  # as the field reads it
+    with pytest.raises(ConfigError, match=r"^preset 'mine': dpsgd.batch_size must be a whole number above 0, got 0$"):
+        build_config(kinds, {"dpsgd": {"batch_size": 0}}, "mine")
+    with pytest.raises(ConfigError, match=r"^--set: privacy.accountant must be one of pld, rdp, got 'moments'$"):
+        build_config(kinds, {}, "mine", [("privacy.accountant", "moments")])
+    stored = resolve_config("dpdm", preset="cpu")
+    stored["dpsgd"]["noise_multiplicity"] = 0  # a file edited by hand: the same rule refuses it when read
+    with pytest.raises(ConfigError, match="dpsgd.noise_multiplicity must be a whole number above 0, got 0"):
+        stored_config(stored, "config.yaml")
 
 
 def test_a_method_section_is_a_dataclass_whose_fields_hold_every_default():

@@ -13,10 +13,10 @@ from dp_accounting import dp_event, pld, rdp
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution as PLD
 from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
 
+from ..config import ACCOUNTANTS
 from ..errors import PrivacyError
 from .events import Event, ParallelComposition, SimpleEvent
 
-ACCOUNTANTS = ("pld", "rdp")
 COARSE_GRID = 10  # PLD calibration searches on a grid this many times coarser (see _calibrate_scenario)
 Scenario = tuple[SimpleEvent, ...]
 
