@@ -13,12 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpsynth.api import resolve_config
 from dpsynth.data import load_dataset
 from dpsynth.distributed import World
-from dpsynth.methods.pe import PrivateEvolution, class_embeddings
 from dpsynth.methods.pe.apis import Samples
 from dpsynth.methods.pe.embeddings import PixelEmbedding
+from dpsynth.methods.pe.population import Population, PrivateVotes
 from dpsynth.privacy import Accountant, Event, LedgerPlan, PrivacyLedger, SubsampledGaussianMechanism
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import clip_rows
@@ -79,14 +78,12 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
 def pe(world: World, out: Path) -> dict[str, Any]:
     """PE's vote vector (shards' votes all-reduced) and its lookahead embeddings split over the ranks."""
     ctx = context(world, out)
-    method = PrivateEvolution(resolve_config("pe", overrides=["pe.lookahead=0"]))
     synthetic = Samples(torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(2)))
     embed = PixelEmbedding()
-    embedded = method._lookahead(ctx, None, embed, synthetic, 0, 1.0)  # type: ignore[arg-type]
+    (embedded,) = Population(None, [synthetic]).lookahead(ctx, embed, 0, 1.0)  # type: ignore[arg-type]
     shard, weights = ctx.private_shard()
-    private = class_embeddings(shard, 10, embed)
-    votes = nearest_neighbour_votes(torch.cat(private), embedded,
-                                    torch.cat([weights[shard.labels == label] for label in range(10)]))
+    private = PrivateVotes.of(shard, weights, 10, embed, 1.0, 0.0, "histograms")
+    votes = nearest_neighbour_votes(torch.cat(private.private), embedded, torch.cat(private.weights))
     world.all_reduce_sum([votes])
     return {"votes": votes.tolist(), "embedding_error": float((embedded - embed(synthetic.images)).abs().max()),
             "shard": len(shard)}

@@ -17,9 +17,10 @@ from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import find_fonts
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import ConfigError, DataError
-from dpsynth.methods.pe import PrivateEvolution, apis, apportion, class_embeddings
+from dpsynth.methods.pe import PrivateEvolution, apis, apportion
 from dpsynth.methods.pe.apis import ApiSettings, DiffusionAPI, DrawTextAPI, Samples, register_api
 from dpsynth.methods.pe.embeddings import PixelEmbedding
+from dpsynth.methods.pe.population import PrivateVotes
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, GaussianMechanism, PrivacyLedger
@@ -58,8 +59,8 @@ def test_each_class_votes_only_in_its_own_histogram():
     images = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     labels = torch.tensor([0, 1, 2] * 10)
     labels[:4] = 2
-    private = class_embeddings(ImageSet(images, labels), 3, PixelEmbedding())
-    for label, embedded in enumerate(private):
+    private = PrivateVotes.of(ImageSet(images, labels), torch.ones(30), 3, PixelEmbedding(), 1.0, 0.0, "histograms")
+    for label, embedded in enumerate(private.private):
         assert torch.equal(embedded, images[labels == label].flatten(1))
         votes = nearest_neighbour_votes(embedded, torch.rand(5, 16), torch.ones(len(embedded)))
         assert votes.sum() == (labels == label).sum()
@@ -225,7 +226,18 @@ def squares_api(monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray | None]
     return trained
 
 
-def test_a_users_own_api_plugs_in_by_name_and_its_training_data_is_checked(squares_api, tmp_path):
+def test_a_users_own_api_plugs_in_by_name_and_its_training_data_is_checked(squares_api, tmp_path, monkeypatch):
+    seen: list[tuple[int, int, bool, int]] = []  # a callback of the user's: each generation after its checkpoint
+
+    def watched(self, context, votes, embed):
+        def watch(context, generation):
+            sizes = sum(len(samples) for samples in generation.population.classes)
+            kept = context.run.last_checkpoint().step
+            seen.append((generation.iteration, sizes, generation.histograms is None, kept))
+        return [*own_callbacks(self, context, votes, embed), watch]
+
+    own_callbacks = PrivateEvolution.callbacks
+    monkeypatch.setattr(PrivateEvolution, "callbacks", watched)  # as a subclass extends it
     config = resolve_config("pe", dataset="digits", epsilon=5.0, preset="cpu", overrides=[
         "api.name=squares", "pe.population=40", "pe.iterations=2", "pe.lookahead=1", "sampling.num_samples=30",
         "evaluation.enabled=false", f"run.out_dir={tmp_path}"])
@@ -239,6 +251,7 @@ def test_a_users_own_api_plugs_in_by_name_and_its_training_data_is_checked(squar
     assert report["public_data"]["the training data of the API api.name 'squares'"]["distinct_images"] == 0
     with np.load(run.file("release/synthetic.npz")) as release:  # every image one of the API's squares
         assert set(np.unique(release["images"])) == {0, 255} and len(release["labels"]) == 30
+    assert seen == [(0, 40, True, 0), (1, 40, False, 1), (2, 40, False, 2)]
 
 
 def test_an_api_name_no_one_registered_is_a_config_error_naming_the_known_ones(squares_api):

@@ -18,8 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, partial
-from typing import TypeVar
+from functools import cache
 
 import numpy as np
 import torch
@@ -34,25 +33,22 @@ from ...config import (
     preset_with,
     section_settings,
 )
-from ...data import DatasetInfo, ImageSet
+from ...data import DatasetInfo
 from ...data.fingerprints import FINGERPRINTS
 from ...errors import ConfigError, PrivacyWarning
-from ...evaluation.fidelity import Moments, fid
 from ...privacy import GaussianMechanism, PlannedStage
 from ...privacy.mechanisms import release_counts
-from ...privacy.nearest_neighbours import dp_histograms, nearest_neighbour_votes
+from ...privacy.nearest_neighbours import nearest_neighbour_votes
 from ...runs import LOG
 from ...training.context import RunContext
 from ...training.probes import Probes, timed
 from ...utils.device import pick_device
-from ...utils.images import as_floats
 from ..base import CPU_PROTOCOL, Method, Paper, Release, register
 from .apis import ApiSettings, ImageAPI, Samples, api_names, build_api
+from .callbacks import Callback, Generation, NonPrivateDistance, checkpoint, log_histograms, save_grid
 from .embeddings import EMBEDDINGS, Embedding, build_embedding
+from .population import Population, PrivateVotes
 
-T = TypeVar("T")
-
-ITERATIONS_DIR = "iterations"
 PHASE, COUNTS_STAGE, HISTOGRAMS_STAGE = "pe", "class-counts", "histograms"
 # The phases the planner prices, each per unit: an image the API makes or varies, an image embedded, a private
 # image's vote among its class's share of the population.
@@ -230,40 +226,43 @@ class PrivateEvolution(Method):
         return self.api
 
     def fit(self, context: RunContext) -> None:
+        """Draw the first population (or resume it), then per iteration: the lookahead points, the DP histograms of
+        the private votes, the next generation; the :meth:`callbacks` see each generation."""
         info, settings, degrees = context.dataset.info, self.settings, self.settings.schedule()
         api = self.built_api(info, context.device)
         embed = build_embedding(settings.embedding, context.device)
         event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
         threshold = settings.threshold if settings.threshold is not None else 2 ** 0.5 * event.noise_multiplier
+        votes = PrivateVotes.of(*context.private_shard(), info.num_classes, embed, event.noise_multiplier, threshold,
+                                HISTOGRAMS_STAGE)
+        callbacks = self.callbacks(context, votes, embed)
         population, start = self._initial_population(context, api)
-        shard, shard_weights = context.private_shard()
-        private = class_embeddings(shard, info.num_classes, embed)
-        weights = [shard_weights[shard.labels == label] for label in range(info.num_classes)]
-        if self.non_private_outputs():
-            if context.world.size > 1:
-                raise ConfigError("pe.debug_nonprivate_fd needs a single process (each rank holds a shard)")
-            warnings.warn(f"pe.debug_nonprivate_fd is on: {self.non_private_outputs()[0]}", stacklevel=2)
-            if start == 0:
-                _log_nonprivate_distance(context, private, population, embed, 0)
+        if start == 0:
+            for callback in callbacks:
+                callback(context, Generation(0, population))
         progress = context.progress(settings.iterations, "pe", initial=start)
         for t in range(start, settings.iterations):
-            votes = [nearest_neighbour_votes(private[c], self._lookahead(context, api, embed, population[c], c,
-                                                                         degrees[t]), weights[c], device=context.device)
-                     for c in range(info.num_classes)]
-            context.world.all_reduce_sum(votes)  # before the noise: added once, to the whole vote vector
-            histograms = dp_histograms(votes, event.noise_multiplier, threshold, context.ledger, HISTOGRAMS_STAGE,
-                                       context.noise)
-            population = [self._offspring(context, api, population[c], histograms[c], c, degrees[t])
-                          for c in range(info.num_classes)]
-            self._checkpoint(context, population, t + 1)
-            self._save_grid(context, population, t + 1)
-            context.log("pe-iteration", iteration=t + 1, degree=degrees[t], **_histogram_stats(histograms))
-            if self.non_private_outputs():
-                _log_nonprivate_distance(context, private, population, embed, t + 1)
+            histograms = votes.histograms(context, population.lookahead(context, embed, settings.lookahead,
+                                                                        degrees[t]))
+            population = population.next(context, histograms, degrees[t])
+            for callback in callbacks:
+                callback(context, Generation(t + 1, population, degrees[t], histograms))
             progress.update({})
             context.adjust_threads()
         progress.close()
-        self.api, self.population, self.info = api, population, info
+        self.api, self.population, self.info = api, population.classes, info
+
+    def callbacks(self, context: RunContext, votes: PrivateVotes, embed: Embedding) -> list[Callback]:
+        """What is done with each generation, in order: checkpoint it (first: the rest is written only once it is
+        kept), draw its grid, log its histograms, and with ``pe.debug_nonprivate_fd`` its NON-private distance to
+        the private images (:mod:`dpsynth.methods.pe.callbacks`). A subclass adds its own."""
+        kept: list[Callback] = [checkpoint(PHASE), save_grid, log_histograms]
+        if not self.non_private_outputs():
+            return kept
+        if context.world.size > 1:
+            raise ConfigError("pe.debug_nonprivate_fd needs a single process (each rank holds a shard)")
+        warnings.warn(f"pe.debug_nonprivate_fd is on: {self.non_private_outputs()[0]}", stacklevel=2)
+        return [*kept, NonPrivateDistance(votes.private, embed)]
 
     def non_private_outputs(self) -> list[str]:
         if not self.settings.debug_nonprivate_fd:
@@ -271,19 +270,13 @@ class PrivateEvolution(Method):
         return [f"{LOG}: the pe-debug-NONPRIVATE events (pe.debug_nonprivate_fd) hold each iteration's Fréchet "
                 "distance to the private set, which no epsilon covers; do not share that log"]
 
-    def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[list[Samples], int]:
-        """The population and the iterations done: the checkpoint's, or RANDOM_API per class."""
+    def _initial_population(self, context: RunContext, api: ImageAPI) -> tuple[Population, int]:
+        """The population and the iterations done: the checkpoint's, or RANDOM_API's per class."""
         sizes = self._class_sizes(context)
         resumed = context.resume(PHASE)
         if resumed is not None:
-            population = [Samples(images, params)
-                          for images, params in zip(resumed.parts["images"], resumed.parts["params"], strict=True)]
-            return population, resumed.step
-        population = [Samples.joined(across_ranks(context, n, partial(_random_part, api, c)))
-                      for c, n in enumerate(sizes)]
-        self._checkpoint(context, population, 0)
-        self._save_grid(context, population, 0)
-        return population, 0
+            return Population.restored(api, resumed.parts), resumed.step
+        return Population.drawn(context, api, sizes), 0
 
     def _class_sizes(self, context: RunContext) -> list[int]:
         """Population size per class: ``pe.population`` split by the noisy class sizes (or evenly)."""
@@ -299,42 +292,6 @@ class PrivateEvolution(Method):
             shares = context.released(COUNTS_STAGE, lambda: release_counts(
                 counts, 1.0, settings.count_noise, context.ledger, COUNTS_STAGE, context.noise)).clamp_min(1)
         return apportion(total, shares)
-
-    def _lookahead(self, context: RunContext, api: ImageAPI, embed: Embedding, samples: Samples, label: int,
-                   degree: float) -> torch.Tensor:
-        """Each sample's embedding, or the mean embedding of its k variations (lookahead)."""
-        k = self.settings.lookahead
-
-        def embedded(part: range, generator: torch.Generator) -> torch.Tensor:
-            mine = samples.take(torch.tensor(part, dtype=torch.long))
-            if k == 0:
-                return embed(mine.images)
-            return torch.stack([embed(api.variation_api(mine, label, degree, generator).images)
-                                for _ in range(k)]).mean(dim=0)
-
-        return torch.cat(across_ranks(context, len(samples), embedded))
-
-    @staticmethod
-    def _offspring(context: RunContext, api: ImageAPI, samples: Samples, histogram: torch.Tensor, label: int,
-                   degree: float) -> Samples:
-        """Parents drawn with replacement by ``histogram`` (uniformly if it is all zero), then varied."""
-        weights = histogram if histogram.sum() > 0 else torch.ones_like(histogram)
-        parents = samples.take(torch.multinomial(weights.double(), len(samples), replacement=True,
-                                                 generator=context.generator))
-        return Samples.joined(across_ranks(context, len(parents), lambda part, g: api.variation_api(
-            parents.take(torch.tensor(part, dtype=torch.long)), label, degree, g)))
-
-    @staticmethod
-    def _checkpoint(context: RunContext, population: list[Samples], iteration: int) -> None:
-        """The population after ``iteration`` iterations (grids and logs are written only after this)."""
-        context.checkpoint(PHASE, iteration, images=[p.images for p in population],
-                           params=[p.params for p in population])
-
-    @staticmethod
-    def _save_grid(context: RunContext, population: list[Samples], iteration: int) -> None:
-        images = torch.cat([p.images for p in population])
-        labels = torch.cat([torch.full((len(p),), c) for c, p in enumerate(population)])
-        context.save_grid(f"{ITERATIONS_DIR}/iteration-{iteration:03d}.png", images, labels, len(population))
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         """``num_samples`` images, split over classes as the population is; beyond the population's size,
@@ -355,22 +312,6 @@ class PrivateEvolution(Method):
         return Release(torch.cat(images), torch.cat(labels))
 
 
-def across_ranks(context: RunContext, total: int, call: Callable[[range, torch.Generator], T]) -> list[T]:
-    """``call(part, generator)`` on this rank's contiguous part of ``range(total)`` with its example generator;
-    every rank's result, in rank order. On one process: one call on the whole range, shared generator."""
-    context.world.seed_examples(context.example_generator, context.generator)
-    return context.world.gather_objects(call(range(total)[context.world.part(total)], context.example_generator))
-
-
-def _random_part(api: ImageAPI, label: int, part: range, generator: torch.Generator) -> Samples:
-    return api.random_api(label, len(part), generator)
-
-
-def class_embeddings(data: ImageSet, num_classes: int, embed: Embedding) -> list[torch.Tensor]:
-    """The embeddings of each class's images: class c's private samples vote only in class c's histogram."""
-    return [embed(as_floats(data.images[data.labels == label])) for label in range(num_classes)]
-
-
 def apportion(total: int, shares: torch.Tensor) -> list[int]:
     """``total`` split in proportion to ``shares`` (largest remainders), at least 1 each."""
     exact = shares / shares.sum() * (total - len(shares))
@@ -378,19 +319,3 @@ def apportion(total: int, shares: torch.Tensor) -> list[int]:
     remainder = total - int(sizes.sum())
     sizes[torch.argsort(exact - exact.floor(), descending=True)[:remainder]] += 1
     return sizes.tolist()
-
-
-def _log_nonprivate_distance(context: RunContext, private: list[torch.Tensor], population: list[Samples],
-                             embed: Embedding, iteration: int) -> None:
-    """NOT DP: the Fréchet distance, in the PE embedding space, between the population and the private set."""
-    population_features = embed(torch.cat([p.images for p in population]))
-    distance = fid(Moments.of(torch.cat(private).double().cpu().numpy()),
-                   Moments.of(population_features.double().cpu().numpy()))
-    context.log("pe-debug-NONPRIVATE", iteration=iteration, frechet_distance=distance)
-
-
-def _histogram_stats(histograms: list[torch.Tensor]) -> dict[str, float]:
-    """Statistics of the noisy, thresholded histograms (already DP: safe to log)."""
-    counts = torch.cat(histograms)
-    return {"nonzero_fraction": float((counts > 0).double().mean()), "noisy_total": float(counts.sum()),
-            "max_count": float(counts.max())}
