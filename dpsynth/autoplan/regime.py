@@ -38,8 +38,25 @@ VERDICT_ORDER: tuple[Verdict, ...] = ("learns", "untested", "fails")  # best fir
 Start = Literal["random", "public model"]
 
 
+class DpsgdRatios:
+    """The two ratios a DP-SGD run (its noise multiplier ``sigma``, expected batch ``batch``, ``steps``) is placed
+    by: the noise per example sigma/B and the signal-to-noise sqrt(T) B / sigma."""
+
+    sigma: float
+    batch: float
+    steps: int
+
+    @property
+    def noise_per_example(self) -> float:
+        return self.sigma / self.batch
+
+    @property
+    def signal_to_noise(self) -> float:
+        return math.sqrt(self.steps) / self.noise_per_example
+
+
 @dataclass(frozen=True)
-class Outcome:
+class Outcome(DpsgdRatios):
     """One measured run: where it is recorded, its method, data, side, start, N (units), expected batch B, steps T,
     noise multiplier sigma, the CNN's accuracy on the real test images and its chance level, the machine, the date."""
 
@@ -56,14 +73,6 @@ class Outcome:
     chance: float
     machine: str
     date: str
-
-    @property
-    def noise_per_example(self) -> float:
-        return self.sigma / self.batch
-
-    @property
-    def signal_to_noise(self) -> float:
-        return math.sqrt(self.steps) / self.noise_per_example
 
     @property
     def learned(self) -> bool:
@@ -91,7 +100,7 @@ def recorded_outcomes() -> tuple[Outcome, ...]:
 
 
 @dataclass(frozen=True)
-class PlannedTraining:
+class PlannedTraining(DpsgdRatios):
     """What the check reads of a DP-SGD plan: its stage, sigma, expected batch B (units), steps T, side, start."""
 
     stage: str
@@ -100,14 +109,6 @@ class PlannedTraining:
     steps: int
     side: int
     start: Start
-
-    @property
-    def noise_per_example(self) -> float:
-        return self.sigma / self.batch
-
-    @property
-    def signal_to_noise(self) -> float:
-        return math.sqrt(self.steps) / self.noise_per_example
 
 
 @dataclass(frozen=True)
