@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from types import UnionType
+from types import MappingProxyType, UnionType
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
@@ -474,6 +474,48 @@ def with_defaults(config: Config, defaults: Config) -> Config:
     return config
 
 
+class RunConfig(Mapping[str, Any]):
+    """A run's configuration, read-only and parsed once: each section read through its settings class the first time
+    it is asked for and kept (:func:`section_settings` of a RunConfig asks it); :meth:`replaced` gives the changed
+    copy a plan tries. ``kinds``: each section's settings class (the shared ones' and the method's). A mapping of
+    its sections, so a function that reads a config dict reads it too; :meth:`to_dict` gives the dict YAML writes."""
+
+    def __init__(self, values: Mapping[str, Any], kinds: Mapping[str, type]) -> None:
+        self._values: Config = copy.deepcopy(dict(values))
+        self._kinds = dict(kinds)
+        self._read: dict[tuple[type, str], Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._values[key]
+        return MappingProxyType(value) if isinstance(value, dict) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def section(self, name: str) -> Any:
+        """Section ``name`` as its settings class reads it."""
+        return self.read(self._kinds[name], name)
+
+    def read(self, kind: type[S], section: str) -> S:
+        """Section ``section`` as ``kind`` reads it (checked once, then kept)."""
+        if (kind, section) not in self._read:
+            self._read[kind, section] = _parsed(kind, self._values, section)
+        return self._read[kind, section]
+
+    def replaced(self, update: Mapping[str, Any], source: str) -> RunConfig:
+        """A copy with the nested ``update`` applied (:func:`merge`: every key must exist)."""
+        values = self.to_dict()
+        merge(values, update, source)
+        return RunConfig(values, self._kinds)
+
+    def to_dict(self) -> Config:
+        """The configuration as a plain dict (a copy), as :func:`dump_config` writes it."""
+        return copy.deepcopy(self._values)
+
+
 def section_settings(kind: type[S], config: Mapping[str, Any], section: str) -> S:
     """Config section ``section`` as the frozen dataclass ``kind``, whose fields name the keys it reads.
 
@@ -482,8 +524,12 @@ def section_settings(kind: type[S], config: Mapping[str, Any], section: str) -> 
     ``tuple[X, ...]``: a list of X) and its :func:`positive`,
     :func:`at_least` or :func:`one_of` rule; a key the section lacks takes the field's default; a ``section``
     field that is no key (:func:`not_a_key`) takes the section's name. ConfigError naming ``section.key`` and what
-    it must be otherwise.
+    it must be otherwise. A :class:`RunConfig` reads each section once.
     """
+    return config.read(kind, section) if isinstance(config, RunConfig) else _parsed(kind, config, section)
+
+
+def _parsed(kind: type[S], config: Mapping[str, Any], section: str) -> S:
     values, hints = config.get(section) or {}, get_type_hints(kind)
     settings = {}
     for spec in fields(kind):  # type: ignore[arg-type]

@@ -40,13 +40,20 @@ from dpsynth.autoplan.rules import (
     size_dpsgd,
 )
 from dpsynth.cli import main
+from dpsynth.config import RunConfig
 from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
 from dpsynth.hardware import COMPILED_SAMPLING, compiled_sampling
 from dpsynth.methods import METHODS, get_method
 from dpsynth.pipeline import start
 
+
 # A throughput as a probe records it (the AVX-512 Xeon's, rounded): the rules are tested on its numbers.
+def typed(config: dict) -> RunConfig:
+    """``config`` as the plan reads it: a RunConfig of its method."""
+    return get_method(config["method"]).run_config(config)
+
+
 DPDM_SETTINGS = get_method("dpdm").settings  # a DPDM config's section through its settings class
 XEON = Throughput("cpu", {"dpsgd": StepCost(0.12, 0.0031)}, 6e-4, 4e-4, {"cnn": {"train": 4.9e-4, "test": 1.9e-4}},
                   0.036, 8.0)
@@ -85,11 +92,11 @@ def test_a_fast_device_grows_the_batch_then_the_noise_multiplicity():
 
 
 def test_at_the_base_presets_batch_the_steps_stop_at_its_own():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     base = resolve_config("dpdm", preset="cpu")
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     overrides, decisions = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 3 * 3600)
-    planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
+    planned = config.replaced(overrides, "the plan")
     assert planned["dpsgd"]["batch_size"] == base["dpsgd"]["batch_size"]
     assert dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), 55_000) == dpsgd_steps(DPDM_SETTINGS(base, "dpsgd"), 55_000)
     assert any("stay unspent" in decision for decision in decisions)
@@ -104,23 +111,22 @@ def test_a_budget_just_short_of_the_step_target_trims_the_batch_not_halves_it():
 
 
 def test_small_data_gets_small_batches_and_at_least_200_steps():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     for num_train in (500, 1437, 5000):
         inputs = PlanInputs(num_train, (1, 28, 28), 10, num_train // 8, num_train // 8, "cpu")
         overrides, _ = derive(config, method_shape(get_method("dpdm")), inputs, XEON, 1800)
-        planned = {**config, "dpsgd": {**config["dpsgd"], **overrides["dpsgd"]}}
+        planned = config.replaced(overrides, "the plan")
         assert dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), num_train) >= MIN_STEPS
         assert overrides["dpsgd"]["batch_size"] <= num_train * MAX_SAMPLE_RATE
 
 
 @pytest.mark.parametrize("throughput", [XEON, SLOW])
 def test_the_derived_plan_fits_the_budget(throughput):
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     shape = method_shape(get_method("dpdm"))
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     overrides, decisions = derive(config, shape, inputs, throughput, 1800)
-    planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
-               for name, values in config.items()}
+    planned = config.replaced(overrides, "the plan")
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled=False)
     capped = dpsgd_steps(DPDM_SETTINGS(planned, "dpsgd"), 55_000) == dpsgd_steps(DPDM_SETTINGS(config, "dpsgd"),
                                                                                  55_000)
@@ -130,11 +136,11 @@ def test_the_derived_plan_fits_the_budget(throughput):
 
 
 def test_a_compiled_release_is_priced_at_the_share_measured_at_its_side():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     shape = method_shape(get_method("dpdm"))
     for side, rows in ((28, 500), (64, 500), (64, 125), (128, 25)):
         inputs = PlanInputs(5000, (1, side, side), 10, 500, 1000, "cpu")
-        chunked_config = {**config, "sampling": {**config["sampling"], "batch_size": rows}}
+        chunked_config = config.replaced({"sampling": {"batch_size": rows}}, "chunks")
         eager = estimate_seconds(chunked_config, shape, inputs, XEON, compiled=False)["sampling"]
         compiled = estimate_seconds(chunked_config, shape, inputs, XEON, compiled=True)["sampling"]
         measured = COMPILED_SAMPLING[side, rows]
@@ -151,12 +157,11 @@ MERF_64 = Throughput("cpu", {}, 0.0, 0.0, {"cnn": {"train": 4e-3, "test": 1.2e-3
 
 @pytest.mark.parametrize("budget", [900, 1800, 3600])
 def test_dp_merf_is_priced_and_its_generator_sized_to_the_budget(budget):
-    config = resolve_config("dp-merf", preset="auto")
+    config = typed(resolve_config("dp-merf", preset="auto"))
     shape = method_shape(get_method("dp-merf"))
     inputs = PlanInputs(3200, (1, 64, 64), 10, 400, 400, "cpu")
     overrides, decisions = derive(config, shape, inputs, MERF_64, budget)
-    planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
-               for name, values in config.items()}
+    planned = config.replaced(overrides, "the plan")
     expected = estimate_seconds(planned, shape, inputs, MERF_64, compiled=False)
     iterations = planned["generator"]["iterations_per_epoch"]
     assert expected["fourier features"] == pytest.approx(3200 * 3e-3)
@@ -166,7 +171,7 @@ def test_dp_merf_is_priced_and_its_generator_sized_to_the_budget(budget):
 
 
 def test_a_budget_below_dp_merfs_floor_is_refused_with_the_budget_that_holds_it():
-    config = resolve_config("dp-merf", preset="auto")
+    config = typed(resolve_config("dp-merf", preset="auto"))
     inputs = PlanInputs(3200, (1, 64, 64), 10, 400, 400, "cpu")
     with pytest.raises(ConfigError, match="the generator at 10% of its iterations"):
         derive(config, method_shape(get_method("dp-merf")), inputs, MERF_64, 120)
@@ -213,7 +218,7 @@ PE_INCEPTION = Throughput("cpu", {}, 4e-4, 0.0, {"cnn": {"train": 1e-3, "test": 
 
 
 def test_a_pe_plan_whose_phases_outrun_the_budget_is_refused_with_the_budget_that_holds_them():
-    config = resolve_config("pe", preset="auto", overrides=["pe.embedding=inception"])
+    config = typed(resolve_config("pe", preset="auto", overrides=["pe.embedding=inception"]))
     inputs = PlanInputs(1437, (1, 28, 28), 10, 180, 180, "cpu")
     shape = method_shape(get_method("pe"))
     with pytest.raises(ConfigError, match="start-up and its phases as configured") as refusal:
@@ -221,8 +226,7 @@ def test_a_pe_plan_whose_phases_outrun_the_budget_is_refused_with_the_budget_tha
     needed = float(str(refusal.value).split("give --time-budget ")[1].split("m")[0])
     assert needed * 60 >= 0.055 * (1437 + 8 * 2 * 2000)
     overrides, _ = derive(config, shape, inputs, PE_INCEPTION, needed * 60 * 2)  # room for a release of 20,000
-    planned = {name: {**values, **overrides.get(name, {})} if isinstance(values, dict) else values
-               for name, values in config.items()}
+    planned = config.replaced(overrides, "the plan")
     expected = estimate_seconds(planned, shape, inputs, PE_INCEPTION, compiled=False)
     assert expected["embedding"] == pytest.approx(0.055 * (1437 + 8 * 2 * 2000))
     assert expected["sampling"] == pytest.approx(4e-4 * (20_000 - 2000))
@@ -258,7 +262,7 @@ def test_privacy_prices_dp_merf_by_its_probe(capsys):
 
 
 def test_the_slow_cpu_releases_fewer_images_than_the_fast_one():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     shape, inputs = method_shape(get_method("dpdm")), PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     fast, _ = derive(config, shape, inputs, XEON, 1800)
     slow, _ = derive(config, shape, inputs, SLOW, 1800)
@@ -324,7 +328,7 @@ def test_cpu_steps_are_priced_as_a_run_sustains_them():
 
 
 def test_an_overrun_cuts_the_evaluation_in_the_plans_order_down_to_the_minimum():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     planned = evaluation_seconds(config, inputs, XEON, False)
     assert held_evaluation(config, inputs, XEON, False, planned, 1.0) == ({}, pytest.approx(planned))
@@ -338,24 +342,23 @@ def test_an_overrun_cuts_the_evaluation_in_the_plans_order_down_to_the_minimum()
     assert cuts == minimum and seconds > 0  # kept, however little is left
     kept, _ = held_evaluation(config, inputs, XEON, False, 0.0, 1.0, kept=("evaluation.num_real",))
     assert "evaluation.num_real" not in kept
-    smaller = {**config, "evaluation": {**config["evaluation"], "num_synthetic": 100, "classifier_epochs": 2}}
+    smaller = config.replaced({"evaluation": {"num_synthetic": 100, "classifier_epochs": 2}}, "smaller")
     cut, _ = held_evaluation(smaller, inputs, XEON, False, 0.0, 1.0)
     assert "evaluation.num_synthetic" not in cut and "evaluation.classifier_epochs" not in cut  # never raised
 
 
 def test_a_run_ahead_of_its_plan_restores_the_evaluation_the_plan_cut_where_it_fits():
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     inputs = PlanInputs(55_000, (1, 28, 28), 10, 5000, 10_000, "cpu")
     uncut = uncut_evaluation(get_method("dpdm"), "cpu")
     assert uncut["evaluation.classifier_seeds"] == 3
-    cut = {**config, "evaluation": {**config["evaluation"], "classifier_seeds": 1, "num_synthetic": 1000,
-                                    "num_real": 1000}}
+    cut = config.replaced({"evaluation": {"classifier_seeds": 1, "num_synthetic": 1000, "num_real": 1000}}, "cut")
     full = evaluation_seconds(config, inputs, XEON, False)
     restored, seconds = held_evaluation(cut, inputs, XEON, False, full, 1.0, uncut=uncut)
     assert restored == {"evaluation.classifier_seeds": 3, "evaluation.num_synthetic": 2000,
                         "evaluation.num_real": 2000} and seconds == pytest.approx(full)
-    one_seed = evaluation_seconds({**config, "evaluation": {**config["evaluation"], "classifier_seeds": 1}}, inputs,
-                                  XEON, False)
+    one_seed = evaluation_seconds(config.replaced({"evaluation": {"classifier_seeds": 1}}, "one seed"), inputs, XEON,
+                                  False)
     partly, _ = held_evaluation(cut, inputs, XEON, False, one_seed, 1.0, uncut=uncut)
     assert partly == {"evaluation.num_synthetic": 2000, "evaluation.num_real": 2000}  # the last cut undone first
     kept, _ = held_evaluation(cut, inputs, XEON, False, full, 1.0, kept=("evaluation.classifier_seeds",), uncut=uncut)
@@ -364,10 +367,10 @@ def test_a_run_ahead_of_its_plan_restores_the_evaluation_the_plan_cut_where_it_f
     assert held_evaluation(cut, inputs, XEON, False, planned, 1.0, uncut=uncut) == ({}, pytest.approx(planned))
     info = DatasetInfo("fashion", 1, 28, 28, [str(c) for c in range(10)], "test",
                        {"train": 55_000, "val": 5000, "test": 10_000}, 55_000, "published")
-    cut["plan"] = {**cut["plan"], "time_budget": "30m", "base": "cpu", "probe": XEON.to_dict(),
-                   "expected_seconds": {"startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned,
-                                        "total": 1220.0 + planned}}
-    changes, words = budget_held(cut, info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # twice as fast
+    derived = cut.to_dict()  # as a derived plan records it
+    derived["plan"].update(time_budget="30m", base="cpu", probe=XEON.to_dict(), expected_seconds={
+        "startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned, "total": 1220.0 + planned})
+    changes, words = budget_held(derived, info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # twice as fast
     assert changes["evaluation.classifier_seeds"] == 3 and words.startswith(
         "evaluation restored within plan.time_budget 30m: training and the release took 9.7 min, 0.48x their plan")
 

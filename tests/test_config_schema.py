@@ -157,6 +157,20 @@ def test_one_rule_checks_a_value_set_by_a_preset_by_set_and_on_read():
         stored_config(stored, "config.yaml")
 
 
+def test_a_run_config_is_read_only_parses_each_section_once_and_is_replaced_not_changed():
+    dpdm = METHODS["dpdm"]
+    config = dpdm.run_config(resolve_config("dpdm", preset="cpu"))
+    assert config.section("dpsgd") is dpdm.settings(config, "dpsgd") is section_settings(
+        DiffusionDpsgdSection, config, "dpsgd")  # read once, then kept
+    with pytest.raises(TypeError):
+        config["dpsgd"]["batch_size"] = 64  # type: ignore[index]
+    wider = config.replaced({"dpsgd": {"batch_size": 64}}, "a plan")
+    assert (config.section("dpsgd").batch_size, wider.section("dpsgd").batch_size) == (512, 64)
+    assert load_config(dump_config(wider.to_dict()), "config.yaml") == wider.to_dict()
+    with pytest.raises(ConfigError, match="a plan: unknown config key 'dpsgd.batch'"):
+        config.replaced({"dpsgd": {"batch": 64}}, "a plan")
+
+
 def test_a_method_section_is_a_dataclass_whose_fields_hold_every_default():
     for name, method in METHODS.items():
         defaults = method.defaults()

@@ -23,7 +23,6 @@ from ..config import (
     PlanSettings,
     PrivacySettings,
     SamplingSettings,
-    merge,
     method_name,
     preset_name,
     set_value,
@@ -84,7 +83,7 @@ def plan_inputs(info: DatasetInfo, device: torch.device, images_per_group: float
 
 
 def method_shape(method: type[Method]) -> MethodShape:
-    return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels, method.settings,
+    return MethodShape(method.dpsgd_sections, method.public_sections, method.releases_soft_labels,
                        method.phase_units, method.sized_phase, method.release_units)
 
 
@@ -217,26 +216,29 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     config, decisions = chunked(method_cls, config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
-    probed = method_cls(config)  # the method at the chunked config, whose probes price the plan
-    throughput, words = sustained(measure(probed, config, inputs, device), device)
+    chunked_config = method_cls.run_config(config)
+    probed = method_cls(chunked_config)  # the method at the chunked config, whose probes price the plan
+    throughput, words = sustained(measure(probed, chunked_config, inputs, device), device)
     decisions += words
     compiles = lambda trial: compiles_sampling(trial, inputs.shape[1], device)  # noqa: E731
-    overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)
-    checked, words = checked_steps(probed, config, overrides, inputs, throughput, device)
+    overrides, sized = derive(chunked_config, shape, inputs, throughput, budget, compiles, kept)
+    checked, words = checked_steps(probed, chunked_config, overrides, inputs, throughput, device)
     if words:  # the planned step's measured time differs: the batch and steps sized again at it
         throughput = checked
-        overrides, sized = derive(config, shape, inputs, throughput, budget, compiles, kept)
+        overrides, sized = derive(chunked_config, shape, inputs, throughput, budget, compiles, kept)
     decisions += [*sized, *words]
-    planned = copy.deepcopy(config)
-    merge(planned, user_keys_kept(overrides, kept), "the derived plan")
+    planned = chunked_config.replaced(user_keys_kept(overrides, kept), "the derived plan")
     if device.type == "cuda":
         chunks = user_keys_kept(fitting_chunks(method_cls, planned, inputs, device, decisions), kept)
-        merge(planned, chunks, "the derived plan's memory estimate")
+        planned = planned.replaced(chunks, "the derived plan's memory estimate")
     compiled = compiles_sampling(planned, inputs.shape[1], device)
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled)
-    planned["plan"].update(base=base_preset(method_cls, device), probe=throughput.to_dict(), decisions=decisions,
-                           expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
-    return planned
+    recorded = planned.to_dict()
+    for key, value in (("base", base_preset(method_cls, device)), ("probe", throughput.to_dict()),
+                       ("decisions", decisions),
+                       ("expected_seconds", {phase: round(seconds, 1) for phase, seconds in expected.items()})):
+        set_value(recorded, f"plan.{key}", value, "the derived plan")
+    return recorded
 
 
 HOLD_SLACK = 0.05  # of the budget: a planned evaluation that overruns it by no more is kept (not cut) at run time
@@ -260,9 +262,9 @@ def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     method = get_method(method_name(config))
-    changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe), method.releases_soft_labels,
-                                       left, max(ratio, 1.0), plan.user_keys, uncut_evaluation(method, plan.base),
-                                       slack)
+    changes, seconds = held_evaluation(method.run_config(config), inputs, Throughput.from_dict(plan.probe),
+                                       method.releases_soft_labels, left, max(ratio, 1.0), plan.user_keys,
+                                       uncut_evaluation(method, plan.base), slack)
     if not changes:
         return {}, ""
     planned = EvaluationSettings.of(config)

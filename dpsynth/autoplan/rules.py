@@ -22,14 +22,13 @@ smallest budget that holds both.
 """
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config import Config, SamplingSettings, merge
+from ..config import RunConfig, SamplingSettings
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..evaluation import EvaluationSettings
@@ -179,7 +178,7 @@ def dpsgd_seconds(settings: DpsgdSizes, section: str, inputs: PlanInputs, throug
     return dpsgd_steps(settings, inputs.num_train) * inputs.cost(throughput, section).seconds(rows)
 
 
-def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput, compiled: bool, side: int
+def sampling_seconds(config: RunConfig, method: MethodShape, throughput: Throughput, compiled: bool, side: int
                      ) -> float:
     """Seconds to make the release: its units of work (``method.release_units``) at the probed (eager) rate, or
     where ``compiled``, at the share of it measured at ``side`` px in the release's chunks after the compilation
@@ -191,7 +190,7 @@ def sampling_seconds(config: Config, method: MethodShape, throughput: Throughput
     return measured.share * seconds + measured.compile_seconds
 
 
-def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool) -> float:
+def evaluation_seconds(config: RunConfig, inputs: PlanInputs, throughput: Throughput, soft_labels: bool) -> float:
     """Seconds of the evaluation: Inception features of both image sets, each classifier's seeds (every epoch
     trains on the release and tests the validation split; the chosen and the last epoch test the test split) and
     the fixed part."""
@@ -210,48 +209,47 @@ def evaluation_seconds(config: Config, inputs: PlanInputs, throughput: Throughpu
     return seconds + EVALUATION_FIXED_SECONDS
 
 
-def public_seconds(config: Config, method: MethodShape, throughput: Throughput) -> float:
+def public_seconds(config: RunConfig, method: MethodShape, throughput: Throughput) -> float:
     """Seconds of training on public data (``iterations`` x ``batch_size`` rows of each public section)."""
-    sections = [method.settings(config, name) for name in method.public_sections]
+    sections = [config.section(name) for name in method.public_sections]
     return sum(values.iterations * values.batch_size * throughput.public_per_row for values in sections)
 
 
-def _no_phases(config: Config, num_images: float) -> dict[str, float]:
+def _no_phases(config: RunConfig, num_images: float) -> dict[str, float]:
     return {}
 
 
 @dataclass(frozen=True)
 class MethodShape:
     """What the plan needs of a method: its DP-SGD sections, its public training sections, whether it releases
-    soft labels, how it reads a section of a config (``settings(config, section)``: through its settings class),
-    the units of work of the phases the probe times by the unit (``phase_units(config, num_images)``), the one of
-    those whose iterations the plan sizes (phase, key) and the units of its release's work
-    (``release_units(config)``, priced at the probe's sampling rate)."""
+    soft labels, the units of work of the phases the probe times by the unit (``phase_units(config,
+    num_images)``), the one of those whose iterations the plan sizes (phase, key) and the units of its release's
+    work (``release_units(config)``, priced at the probe's sampling rate). Its sections are read from the
+    :class:`~dpsynth.config.RunConfig` a plan is given."""
 
     dpsgd_sections: tuple[str, ...]
     public_sections: tuple[str, ...]
     soft_labels: bool
-    settings: Callable[[Config, str], Any]
-    phase_units: Callable[[Config, float], dict[str, float]] = _no_phases
+    phase_units: Callable[[Mapping[str, Any], float], dict[str, float]] = _no_phases
     sized_phase: tuple[str, str] | None = None
-    release_units: Callable[[Config], float] = sampling_units
+    release_units: Callable[[Mapping[str, Any]], float] = sampling_units
 
 
-def phase_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput
+def phase_seconds(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput
                   ) -> dict[str, float]:
     """Seconds of each phase the probe times by the unit: its units in ``config`` x its seconds per unit."""
     units = method.phase_units(config, inputs.num_train * inputs.images_per_unit)
     return {phase: count * throughput.phases[phase] for phase, count in units.items() if count}
 
 
-def sized_phase(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, seconds: float,
+def sized_phase(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput, seconds: float,
                 kept: Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The override of the sized phase's key (iterations per epoch) that fits its time into ``seconds``: the base
     preset's iterations at most, :data:`MIN_SIZED_SHARE` of them at least (the training floor); the decision."""
     assert method.sized_phase is not None
     phase, key = method.sized_phase
     section, name = key.split(".")
-    base = getattr(method.settings(config, section), name)
+    base = getattr(config.section(section), name)
     if key in kept:
         return {}, [f"{phase}: {key} {base} as set"]
     per_key_unit = phase_seconds(config, method, inputs, throughput)[phase] / base  # the key's unit, every epoch
@@ -272,7 +270,7 @@ def floor_words(method: MethodShape) -> str:
     return "start-up"
 
 
-def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+def estimate_seconds(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
                      compiled: bool) -> dict[str, float]:
     """Expected seconds of each phase of a run of ``config`` (and ``total``)."""
     phases = {"startup": STARTUP_SECONDS}
@@ -280,7 +278,7 @@ def estimate_seconds(config: Config, method: MethodShape, inputs: PlanInputs, th
         phases["public training"] = public_seconds(config, method, throughput)
     phases.update(phase_seconds(config, method, inputs, throughput))
     for section in method.dpsgd_sections:
-        phases[f"dp-sgd ({section})"] = dpsgd_seconds(method.settings(config, section), section, inputs, throughput)
+        phases[f"dp-sgd ({section})"] = dpsgd_seconds(config.section(section), section, inputs, throughput)
     phases["sampling"] = sampling_seconds(config, method, throughput, compiled, inputs.shape[1])
     phases["evaluation"] = evaluation_seconds(config, inputs, throughput, method.soft_labels)
     phases["total"] = sum(phases.values())
@@ -292,8 +290,8 @@ def _set(overrides: dict[str, dict[str, Any]], key: str, value: Any) -> None:
     overrides.setdefault(section, {})[name] = value
 
 
-def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput, budget: float,
-           compiles: Callable[[Config], bool] = lambda config: False, kept: Sequence[str] = ()
+def derive(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput, budget: float,
+           compiles: Callable[[RunConfig], bool] = lambda config: False, kept: Sequence[str] = ()
            ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Overrides of ``config`` (its base preset's values) that fit ``budget`` seconds, and why, in words; the
     ``kept`` keys (the user's) keep their values and the rest is sized around them. ``compiles(config)``: whether
@@ -313,7 +311,7 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
         return overrides, decisions
     shares = _section_shares(config, method)
     for section, share in shares.items():
-        values = method.settings(config, section)
+        values = config.section(section)
         if f"{section}.epochs" in kept:
             decisions.append(f"{section}: batch and epochs as set")
             continue
@@ -345,7 +343,7 @@ def derive(config: Config, method: MethodShape, inputs: PlanInputs, throughput: 
     return overrides, decisions
 
 
-def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+def training_floor(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
                    kept: Sequence[str] = ()) -> float:
     """Seconds of the least training a plan releases: start-up, public training, and in each DP-SGD section
     :data:`MIN_STEPS` steps of at least :data:`MIN_BATCH` units (the data's largest batch where that is smaller;
@@ -356,7 +354,7 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
         seconds += phase_time * (MIN_SIZED_SHARE if phase == sized_phase and sized_key not in kept else 1)
     least = max(1, min(MIN_BATCH, floor_power_of_two(inputs.num_train * MAX_SAMPLE_RATE)))
     for section in method.dpsgd_sections:
-        values = method.settings(config, section)
+        values = config.section(section)
         batch = values.batch_size if f"{section}.batch_size" in kept else least
         dpsgd_schedule(section, batch, 1.0, inputs.num_train)  # ConfigError for a batch the data cannot hold
         steps = dpsgd_steps(values, inputs.num_train) if f"{section}.epochs" in kept else MIN_STEPS
@@ -364,8 +362,8 @@ def training_floor(config: Config, method: MethodShape, inputs: PlanInputs, thro
     return seconds
 
 
-def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
-                compiles: Callable[[Config], bool], budget: float, floor: float, kept: Sequence[str]
+def fit_release(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput,
+                compiles: Callable[[RunConfig], bool], budget: float, floor: float, kept: Sequence[str]
                 ) -> tuple[dict[str, dict[str, Any]], float, list[str]]:
     """The release size and evaluation (overrides), their seconds and the decisions in words, in the module
     docstring's order; ConfigError with the smallest budget that holds the training floor and the smallest
@@ -374,8 +372,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
     options = _release_options(config, kept)
     for option in options:
         overrides, cut = option
-        trial = copy.deepcopy(config)
-        merge(trial, overrides, "the derived plan")
+        trial = config.replaced(overrides, "the derived plan")
         after = (sampling_seconds(trial, method, throughput, compiles(trial), inputs.shape[1])
                  + evaluation_seconds(trial, inputs, throughput, method.soft_labels))
         if after <= room:
@@ -383,7 +380,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
     keeping = math.ceil((floor + after) / 60)  # the budget that holds the floor and the minimum evaluation
     if after > budget - floor and "evaluation.enabled" not in kept:  # the last resort: no evaluation, said loudly
         overrides = {"sampling": overrides["sampling"], "evaluation": {"enabled": False}}
-        merge(trial, overrides, "the derived plan")
+        trial = trial.replaced(overrides, "the derived plan")
         minimum, after = after, sampling_seconds(trial, method, throughput, compiles(trial), inputs.shape[1])
         cut = (f"NO evaluation (evaluation.enabled=false): the minimum evaluation would take "
                f"{(minimum - after) / 60:.1f} min more than the budget leaves beside the training floor; "
@@ -406,7 +403,7 @@ def fit_release(config: Config, method: MethodShape, inputs: PlanInputs, through
     return overrides, after, decisions
 
 
-def _release_options(config: Config, kept: Sequence[str]) -> list[tuple[dict[str, dict[str, Any]], str]]:
+def _release_options(config: RunConfig, kept: Sequence[str]) -> list[tuple[dict[str, dict[str, Any]], str]]:
     """The releases and evaluations a plan tries, in turn, as (overrides, the cut in words); the user's keys stay
     as set."""
     sizes = RELEASE_SIZES if "sampling.num_samples" not in kept else (SamplingSettings.of(config).num_samples,)
@@ -422,7 +419,7 @@ def _release_options(config: Config, kept: Sequence[str]) -> list[tuple[dict[str
     return options
 
 
-def held_evaluation(config: Config, inputs: PlanInputs, throughput: Throughput, soft_labels: bool, left: float,
+def held_evaluation(config: RunConfig, inputs: PlanInputs, throughput: Throughput, soft_labels: bool, left: float,
                     pace: float, kept: Sequence[str] = (), uncut: Mapping[str, Any] | None = None,
                     slack: float = 0.0) -> tuple[dict[str, Any], float]:
     """The evaluation keys to change at run time, and the evaluation's seconds then, for a run with ``left`` seconds
@@ -438,8 +435,7 @@ def held_evaluation(config: Config, inputs: PlanInputs, throughput: Throughput, 
         return getattr(planned, key.split(".", 1)[1])
 
     def seconds(changes: dict[str, Any]) -> float:
-        trial = copy.deepcopy(config)
-        merge(trial, {"evaluation": _section_of(changes)}, "the evaluation held to the budget")
+        trial = config.replaced({"evaluation": _section_of(changes)}, "the evaluation held to the budget")
         return pace * evaluation_seconds(trial, inputs, throughput, soft_labels)
 
     values = {key: full for key, full in (uncut or {}).items() if key not in kept and full > value(key)}
@@ -473,9 +469,9 @@ def unet_levels(block_channels: Sequence[int], side: int) -> list[int]:
     return widths
 
 
-def _section_shares(config: Config, method: MethodShape) -> dict[str, float]:
+def _section_shares(config: RunConfig, method: MethodShape) -> dict[str, float]:
     """Each DP-SGD section's share of the time: as its base preset divides the examples (epochs x K)."""
-    sections = {name: method.settings(config, name) for name in method.dpsgd_sections}
+    sections = {name: config.section(name) for name in method.dpsgd_sections}
     weights = {name: values.epochs * multiplicity(values) for name, values in sections.items()}
     total = sum(weights.values())
     return {name: weight / total for name, weight in weights.items()}

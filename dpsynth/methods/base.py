@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlparse
@@ -9,7 +10,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..config import SHARED_BY_NAME, Config, SamplingSettings, section_defaults, section_settings
+from ..config import SHARED_BY_NAME, Config, RunConfig, SamplingSettings, section_defaults, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
@@ -108,11 +109,19 @@ class Method(ABC):
         return {name: section_defaults(kind) for name, kind in cls.sections.items()}
 
     @classmethod
-    def settings(cls, config: Config, section: str) -> Any:
-        """Section ``section`` of ``config`` read through its settings class, checked: one of the method's own
-        (:attr:`sections`) or a shared one."""
-        kind = cls.sections.get(section) or SHARED_BY_NAME[section]
-        return section_settings(kind, config, section)
+    def section_kinds(cls) -> dict[str, type]:
+        """The settings class of each section of its config: the shared ones' and its own (:attr:`sections`)."""
+        return {**SHARED_BY_NAME, **cls.sections}
+
+    @classmethod
+    def settings(cls, config: Mapping[str, Any], section: str) -> Any:
+        """Section ``section`` of ``config`` read through its settings class (:meth:`section_kinds`), checked."""
+        return section_settings(cls.section_kinds()[section], config, section)
+
+    @classmethod
+    def run_config(cls, config: Mapping[str, Any]) -> RunConfig:
+        """``config`` as a :class:`~dpsynth.config.RunConfig` of this method, each section parsed once."""
+        return config if isinstance(config, RunConfig) else RunConfig(config, cls.section_kinds())
 
     @classmethod
     def fixed_preset(cls, name: str) -> dict[str, Any]:
