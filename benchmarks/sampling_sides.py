@@ -59,7 +59,9 @@ def main() -> None:
 
 def plan_chunk(side: int) -> int:
     """Images a sampling call of a derived plan holds on a CPU at ``side`` px."""
-    smaller, _ = chunked(get_method("dpdm"), resolve_config("dpdm", preset="auto"), side, torch.device("cpu"), [], [])
+    dpdm = get_method("dpdm")
+    config = dpdm.run_config(resolve_config("dpdm", preset="auto"))
+    smaller, _ = chunked(dpdm, config, side, torch.device("cpu"), [], [])
     return smaller["sampling"]["batch_size"]
 
 

@@ -430,7 +430,8 @@ def _held_evaluation(run: RunDirectory, config: Config, info: DatasetInfo, devic
     if clock is None:
         return {}
     now = time.perf_counter()
-    cuts, words = budget_held(config, info, device, now - clock[0], now - clock[1])
+    cuts, words = budget_held(get_method(method_name(config)).run_config(config), info, device, now - clock[0],
+                              now - clock[1])
     if cuts:
         tell("evaluation held to the budget", words, cuts=cuts)
         run.log("evaluation held to the budget", cuts=cuts, decision=words)

@@ -283,10 +283,10 @@ def test_a_fixed_preset_too_big_for_the_data_refuses_with_the_fix(preset, messag
     config = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset)
     info = dataset_from_config(config).info
     with pytest.raises(ConfigError, match=message) as refused:
-        check_preset_fits(get_method("dpdm"), config, info)
+        check_preset_fits(get_method("dpdm"), typed(config), info)
     assert "use --preset auto (the default)" in str(refused.value)
     own = resolve_config("dpdm", dataset="digits", epsilon=10, preset=preset, overrides=["dpsgd.batch_size=64"])
-    check_preset_fits(get_method("dpdm"), own, info)  # the user's own batch is not second-guessed
+    check_preset_fits(get_method("dpdm"), typed(own), info)  # the user's own batch is not second-guessed
 
 
 @pytest.mark.parametrize("channels, side", [(1, 28), (3, 32), (3, 64), (3, 128)])
@@ -370,7 +370,7 @@ def test_a_run_ahead_of_its_plan_restores_the_evaluation_the_plan_cut_where_it_f
     derived = cut.to_dict()  # as a derived plan records it
     derived["plan"].update(time_budget="30m", base="cpu", probe=XEON.to_dict(), expected_seconds={
         "startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned, "total": 1220.0 + planned})
-    changes, words = budget_held(derived, info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # twice as fast
+    changes, words = budget_held(typed(derived), info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # 2x as fast
     assert changes["evaluation.classifier_seeds"] == 3 and words.startswith(
         "evaluation restored within plan.time_budget 30m: training and the release took 9.7 min, 0.48x their plan")
 
@@ -404,20 +404,20 @@ def test_run_requires_epsilon_and_help_shows_defaults(capsys):
 @pytest.mark.parametrize("side, widths", [(28, [16, 32, 32]), (32, [16, 32, 32]), (64, [16, 32, 32, 64]),
                                           (128, [16, 32, 32, 64, 128])])
 def test_the_unet_gets_a_level_per_halving_of_the_side(side, widths):
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     deeper, decisions = deepened(get_method("dpdm"), config, side, [])
     assert deeper["model"]["block_channels"] == widths and bool(decisions) == (side > 32)
-    own = resolve_config("dpdm", preset="auto", overrides=["model.block_channels=[8, 16]"])
+    own = typed(resolve_config("dpdm", preset="auto", overrides=["model.block_channels=[8, 16]"]))
     assert deepened(get_method("dpdm"), own, side, own["plan"]["user_keys"])[0]["model"]["block_channels"] == [8, 16]
 
 
 @pytest.mark.parametrize("side, physical, sampling", [(32, 128, 500), (64, 32, 125), (128, 8, 25)])
 def test_on_a_cpu_larger_images_come_in_chunks_of_about_the_base_presets_pixels(side, physical, sampling):
-    config = resolve_config("dpdm", preset="auto")
+    config = typed(resolve_config("dpdm", preset="auto"))
     smaller, decisions = chunked(get_method("dpdm"), config, side, torch.device("cpu"), [], [])
     assert (smaller["dpsgd"]["physical_batch_size"], smaller["sampling"]["batch_size"]) == (physical, sampling)
     assert bool(decisions) == (side > 32) and 20_000 % sampling == 0  # a chunk divides the release
-    own = resolve_config("dpdm", preset="auto", overrides=["dpsgd.physical_batch_size=64"])
+    own = typed(resolve_config("dpdm", preset="auto", overrides=["dpsgd.physical_batch_size=64"]))
     assert chunked(get_method("dpdm"), own, side, torch.device("cpu"), own["plan"]["user_keys"], [])[0]["dpsgd"][
         "physical_batch_size"] == 64
     # a GPU's chunks follow its memory

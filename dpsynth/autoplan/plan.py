@@ -22,6 +22,7 @@ from ..config import (
     Config,
     PlanSettings,
     PrivacySettings,
+    RunConfig,
     SamplingSettings,
     method_name,
     preset_name,
@@ -91,7 +92,7 @@ CHUNK_SIDE = 32  # the side at which the base preset's chunk sizes hold on a CPU
 MEASURED: dict[str, Throughput] = {}  # this process's probes, by what they measured
 
 
-def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:
+def measure(method: Method, config: RunConfig, inputs: PlanInputs, device: torch.device) -> Throughput:
     """Probe ``device`` for a run of ``config``: its DP-SGD sections, sampling, public training, the evaluation's
     classifiers and Inception (once per process for the same models, shapes and device)."""
     cls = type(method)
@@ -104,7 +105,7 @@ def measure(method: Method, config: Config, inputs: PlanInputs, device: torch.de
     return MEASURED[key]
 
 
-def _value(method: type[Method], config: Config, key: str) -> Any:
+def _value(method: type[Method], config: RunConfig, key: str) -> Any:
     """A section (``generator``) or key (``alignment.iterations``) of ``config`` as ``method`` reads it; None for a
     section the method has not."""
     section, _, name = key.partition(".")
@@ -114,7 +115,7 @@ def _value(method: type[Method], config: Config, key: str) -> Any:
     return getattr(values, name) if name else asdict(values)
 
 
-def _probe(method: Method, config: Config, inputs: PlanInputs, device: torch.device) -> Throughput:
+def _probe(method: Method, config: RunConfig, inputs: PlanInputs, device: torch.device) -> Throughput:
     start = time.perf_counter()
     probes = method.throughput_probes(inputs.shape, inputs.num_classes, device)
     dpsgd = {section: dpsgd_cost(probe, device, inputs.num_train, rows) for section, (probe, rows)
@@ -157,7 +158,7 @@ def sustained(throughput: Throughput, device: torch.device) -> tuple[Throughput,
         "recorded runs' steps took on a CPU"]
 
 
-def checked_steps(method: Method, config: Config, overrides: dict[str, dict[str, Any]], inputs: PlanInputs,
+def checked_steps(method: Method, config: RunConfig, overrides: dict[str, dict[str, Any]], inputs: PlanInputs,
                   throughput: Throughput, device: torch.device) -> tuple[Throughput, list[str]]:
     """The sustained DP-SGD step costs (:func:`sustained`) checked, on a CPU, against one measured step of the
     planned batch of each section that spans more than the two chunks the probe's line was fitted through, sustained
@@ -186,7 +187,7 @@ def checked_steps(method: Method, config: Config, overrides: dict[str, dict[str,
     return replace(throughput, dpsgd=costs), words
 
 
-def compiles_sampling(config: Config, side: int, device: torch.device) -> bool:
+def compiles_sampling(config: RunConfig, side: int, device: torch.device) -> bool:
     """Whether the release's sampler (images of ``side`` px) will be compiled
     (:func:`dpsynth.hardware.resolve_compile`)."""
     sampling = SamplingSettings.of(config)
@@ -200,23 +201,23 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
     the time budget less the ``spent`` seconds; a config of a fixed preset, checked to fit the data
     (:func:`check_preset_fits`), unchanged."""
     method_cls = get_method(method_name(config))
+    typed = method_cls.run_config(config)
     if preset_name(config) != AUTO_PRESET:
-        check_preset_fits(method_cls, config, info)
+        check_preset_fits(method_cls, typed, info)
         return config
-    plan = PlanSettings.of(config)
+    plan = typed.section("plan")
     if plan.probe is not None:  # derived already
         return config
     shape = method_shape(method_cls)
-    privacy = PrivacySettings.of(config)
+    privacy = typed.section("privacy")
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
-    side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
-    config, decisions = deepened(method_cls, config, side, kept)
+    side = method_cls.model_shape(typed, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
+    typed, decisions = deepened(method_cls, typed, side, kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
-    config, decisions = chunked(method_cls, config, side, device, kept, decisions)
+    chunked_config, decisions = chunked(method_cls, typed, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
-    chunked_config = method_cls.run_config(config)
     probed = method_cls(chunked_config)  # the method at the chunked config, whose probes price the plan
     throughput, words = sustained(measure(probed, chunked_config, inputs, device), device)
     decisions += words
@@ -244,7 +245,7 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
 HOLD_SLACK = 0.05  # of the budget: a planned evaluation that overruns it by no more is kept (not cut) at run time
 
 
-def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed: float, fitted: float
+def budget_held(config: RunConfig, info: DatasetInfo, device: torch.device, elapsed: float, fitted: float
                 ) -> tuple[dict[str, Any], str]:
     """The evaluation keys a derived plan's run changes to hold ``plan.time_budget`` after ``elapsed`` seconds of
     the command, ``fitted`` of them in training and the release (:func:`~dpsynth.autoplan.rules.held_evaluation`:
@@ -262,7 +263,7 @@ def budget_held(config: Config, info: DatasetInfo, device: torch.device, elapsed
     privacy = PrivacySettings.of(config)
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     method = get_method(method_name(config))
-    changes, seconds = held_evaluation(method.run_config(config), inputs, Throughput.from_dict(plan.probe),
+    changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe),
                                        method.releases_soft_labels, left, max(ratio, 1.0), plan.user_keys,
                                        uncut_evaluation(method, plan.base), slack)
     if not changes:
@@ -297,21 +298,20 @@ def group_price(privacy: PrivacySettings, images: float) -> str:
             "reads of one; a run prices by a noisy mean of their images unless you set it)")
 
 
-def deepened(method: type[Method], config: Config, side: int, kept: list[str]) -> tuple[Config, list[str]]:
+def deepened(method: type[Method], config: RunConfig, side: int, kept: list[str]) -> tuple[RunConfig, list[str]]:
     """``config`` with its UNet one level deeper per doubling of the side past 32 (:func:`unet_levels`) unless
     the user set ``model.block_channels``, and the decision in words."""
     if "model" not in method.sections or "model.block_channels" in kept:
         return config, []
-    widths = unet_levels(method.settings(config, "model").block_channels, side)
-    if widths == list(method.settings(config, "model").block_channels):
+    widths = unet_levels(config.section("model").block_channels, side)
+    if widths == list(config.section("model").block_channels):
         return config, []
-    deeper = copy.deepcopy(config)
-    set_value(deeper, "model.block_channels", widths, "the derived plan")
+    deeper = config.replaced({"model": {"block_channels": widths}}, "the derived plan")
     return deeper, [f"UNet widths {widths}: a level per halving of {side} px down to 8 x 8"]
 
 
-def chunked(method: type[Method], config: Config, side: int, device: torch.device, kept: list[str],
-            decisions: list[str]) -> tuple[Config, list[str]]:
+def chunked(method: type[Method], config: RunConfig, side: int, device: torch.device, kept: list[str],
+            decisions: list[str]) -> tuple[RunConfig, list[str]]:
     """On a CPU, ``config`` with its DP-SGD chunks (``physical_batch_size``) and a diffusion model's sampling
     chunks (``sampling.batch_size``) shrunk past :data:`CHUNK_SIDE` px, keys the user set aside: each to the
     largest divisor of its value within (:data:`CHUNK_SIDE` / side)^2 of it, so a chunk holds about as many pixels
@@ -321,20 +321,20 @@ def chunked(method: type[Method], config: Config, side: int, device: torch.devic
         return config, decisions
     keys = [f"{section}.physical_batch_size" for section in method.dpsgd_sections]
     keys += ["sampling.batch_size"] if "diffusion" in config else []
-    smaller, shrunk = copy.deepcopy(config), []
+    chunks: dict[str, dict[str, Any]] = {}
     for key in (key for key in keys if key not in kept):
         section, name = key.split(".")
-        value = getattr(method.settings(config, section), name)
+        value = getattr(config.section(section), name)
         within = max(1.0, value * (CHUNK_SIDE / side) ** 2)
-        chunk = max(d for d in range(1, value + 1) if value % d == 0 and d <= within)
-        set_value(smaller, key, chunk, "the derived plan")
-        shrunk.append(f"{key} {chunk}")
+        chunks.setdefault(section, {})[name] = max(d for d in range(1, value + 1) if value % d == 0 and d <= within)
+    shrunk = [f"{section}.{name} {chunk}" for section, values in chunks.items() for name, chunk in values.items()]
     if not shrunk:
         return config, decisions
-    return smaller, [*decisions, f"chunks of about the base preset's pixels at {CHUNK_SIDE} px: {', '.join(shrunk)}"]
+    words = f"chunks of about the base preset's pixels at {CHUNK_SIDE} px: {', '.join(shrunk)}"
+    return config.replaced(chunks, "the derived plan"), [*decisions, words]
 
 
-def fitting_chunks(method: type[Method], config: Config, inputs: PlanInputs, device: torch.device,
+def fitting_chunks(method: type[Method], config: RunConfig, inputs: PlanInputs, device: torch.device,
                    decisions: list[str]) -> dict[str, dict[str, Any]]:
     """Each DP-SGD section's physical batch: the most examples (at the planned noise multiplicity) whose chunk
     the memory estimate fits into the card (:mod:`dpsynth.autoplan.memory`), at most the batch."""
@@ -350,7 +350,7 @@ def fitting_chunks(method: type[Method], config: Config, inputs: PlanInputs, dev
     return chunks
 
 
-def check_preset_fits(method: type[Method], config: Config, info: DatasetInfo) -> None:
+def check_preset_fits(method: type[Method], config: RunConfig, info: DatasetInfo) -> None:
     """ConfigError, with the fix, when a fixed preset's own DP-SGD batch exceeds the data or plans fewer than
     :data:`MIN_STEPS` steps on 500 images or more (a user's own batch and epochs are not second-guessed)."""
     chosen = PlanSettings.of(config).user_keys
