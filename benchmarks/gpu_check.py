@@ -17,7 +17,7 @@ import torch
 
 from dpsynth.api import dataset_from_config, planned_config, resolve_config
 from dpsynth.autoplan.memory import probe_memory
-from dpsynth.methods import get_method
+from dpsynth.methods import create_method
 from dpsynth.pipeline import start
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     planned_steps = int(config["dpsgd"]["epochs"] / (batch / n))
     config["dpsgd"]["epochs"] = float(args.steps * batch / n) + 1e-9
     config["plan"]["user_keys"] = sorted({*config["plan"]["user_keys"], "dpsgd.epochs"})
-    probe = get_method("dpdm")(config).throughput_probes(dataset.info.shape, dataset.info.num_classes, device)
+    probe = create_method(config).throughput_probes(dataset.info.shape, dataset.info.num_classes, device)
     estimate = probe_memory(probe.dpsgd["dpsgd"][0]).bytes(config["dpsgd"]["physical_batch_size"])
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)

@@ -18,7 +18,7 @@ import torch
 
 from dpsynth.autoplan.probe import probe_engine, probe_step
 from dpsynth.bench.results import machine_type
-from dpsynth.methods import get_method
+from dpsynth.methods import create_method
 from dpsynth.privacy.dpsgd import Groups
 from dpsynth.runs import RunDirectory
 
@@ -36,7 +36,7 @@ def main() -> None:
     side = data.get("train_resolution") or data["resolution"]
     shape = (data["channels"], side, side)
     device = torch.device("cpu")
-    probe, _ = get_method(config["method"])(config).throughput_probes(shape, 10, device).dpsgd["dpsgd"]
+    probe, _ = create_method(config).throughput_probes(shape, 10, device).dpsgd["dpsgd"]
     images = args.groups * args.images
     ungrouped = probe_engine(probe, device, images)
     grouped = probe_engine(probe, device, args.groups)

@@ -9,7 +9,7 @@ import torch
 
 from dpsynth.api import dataset_from_config
 from dpsynth.data import Dataset, DatasetInfo
-from dpsynth.methods import get_method
+from dpsynth.methods import create_method
 from dpsynth.methods.base import Method
 from dpsynth.privacy.dpsgd import EMA
 from dpsynth.runs import Checkpoint, RunDirectory
@@ -38,7 +38,7 @@ def trained_method(config: dict[str, Any], state: Checkpoint, info: DatasetInfo,
     (e.g. ``sampler``, ``sample_steps``, ``guidance``)."""
     config = copy.deepcopy(config)
     config["diffusion"].update(diffusion)
-    method = get_method(config["method"])(config)
+    method = create_method(config)
     model = method._build(info, torch.device("cpu"))
     ema = EMA(model, 0.0)
     ema.load_state_dict(state.parts["ema"])

@@ -173,7 +173,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     dataset, device = _load_dataset(args.dataset, args.data_dir, dataset_keys), pick_device(args.device or "auto")
     data, extra = dataset.train, {}
     if args.for_method:  # DP-LDM's public model learns the autoencoder's latents of the public images
-        data, extra = METHODS[args.for_method](config).pretraining_data(dataset.train, dataset.info, device)
+        data, extra = create_method(config).pretraining_data(dataset.train, dataset.info, device)
     out = pretrain(data, args.out, settings, device, dataset.info.class_names, args.dataset,
                    training_prints=fingerprints(dataset.train.images), extra=extra)
     print(f"saved a diffusion model trained on {len(dataset.train)} public {args.dataset} images: {out}")

@@ -264,7 +264,8 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
         config = with_decisions(config, [f"release.upscaler {upscaler.name!r} ready in "
                                          f"{time.perf_counter() - started:.0f} s (public images only)"])
     if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
-        ready = get_method(method_name(config)).ready_public_parts(config, info, device)
+        method = get_method(method_name(config))
+        ready = method.ready_public_parts(method.run_config(config), info, device)
         if ready and preset_name(config) == AUTO_PRESET:  # within the derived plan's budget
             config = with_decisions(config, ready)
     # the budget covers the whole command: what the side search and the public parts took is spent already

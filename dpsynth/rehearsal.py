@@ -33,7 +33,7 @@ from .config import (
 from .data import Dataset
 from .distributed import World
 from .errors import ConfigError, DataError
-from .methods import get_method
+from .methods import create_method, get_method
 from .pipeline import execute
 from .planning import BudgetPlan, plan_budget_for, planned_config, training_dataset, with_public_size
 from .privacy import Accountant, PlannedStage, SubsampledGaussianMechanism
@@ -122,7 +122,7 @@ def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: in
     """The plan of the shrunk ``config``: each calibrated DP-SGD stage at the real plan's sigma / ``shrink`` (its
     steps checked unchanged), the other stages as planned; its target the epsilon it spends on the stand-in."""
     info = dataset.info
-    stages: list[PlannedStage] = get_method(method_name(config))(config).privacy_stages(info)
+    stages: list[PlannedStage] = create_method(config).privacy_stages(info)
     events: dict[str, list[Event]] = {name: list(planned) for name, planned in real.stages.items()}
     for stage in stages:
         if stage.calibrated is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..autoplan.regime import Outcome, Start
 from ..config import Config, DatasetSettings, PrivacySettings, load_config, method_name
-from ..methods import get_method
+from ..methods import create_method, get_method
 from ..planning import TRAINING_STAGE
 from ..runs import CONFIG, PRIVACY, REHEARSAL
 from .frontier import RAN_ON, RELEASED_SHAPE
@@ -107,7 +107,7 @@ def class_count(run: Path, config: Config) -> int:
 
 
 def _start(config: Config) -> Start:
-    method = get_method(method_name(config))(config)
+    method = create_method(config)
     return "public model" if method.starts_from_public_model() else "random"
 
 

@@ -112,8 +112,10 @@ def get_method(name: str) -> type[Method]:
 
 
 def create_method(config: Mapping[str, Any]) -> Method:
-    """The method ``config`` names, built from it: a run builds it once, after its plan, and keeps it."""
-    return get_method(method_name(config))(config)
+    """The method ``config`` names, built from it (as its :class:`~dpsynth.config.RunConfig`): a run builds it once,
+    after its plan, and keeps it."""
+    method = get_method(method_name(config))
+    return method(method.run_config(config))
 
 
 __all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "create_method", "get_method", "shortcuts"]

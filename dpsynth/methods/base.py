@@ -98,7 +98,7 @@ class Method(ABC):
     # it from the source: dpsynth.methods.shortcuts).
     shortcuts: ClassVar[dict[str, tuple[str, str, str | None]]] = {}
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.sampling = SamplingSettings.of(config)  # how generate() chunks and computes the release
         self._public_prints: dict[str, np.ndarray] | None = None
@@ -150,7 +150,7 @@ class Method(ABC):
         return public, {}
 
     @classmethod
-    def ready_public_parts(cls, config: Config, info: DatasetInfo, device: torch.device) -> list[str]:
+    def ready_public_parts(cls, config: RunConfig, info: DatasetInfo, device: torch.device) -> list[str]:
         """Build the parts trained on public data alone that a run of ``config`` on ``info`` needs and a cache keeps
         (a default autoencoder, say), before a derived plan sizes the rest; what each took, in words. None by
         default."""
@@ -172,18 +172,18 @@ class Method(ABC):
         return Probes({})
 
     @classmethod
-    def model_shape(cls, config: Config, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    def model_shape(cls, config: RunConfig, shape: tuple[int, int, int]) -> tuple[int, int, int]:
         """The shape of what its DP-SGD model sees, for images of ``shape``: the images' own by default."""
         return shape
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         """Units of work (images, iterations) of each phase in its probes' ``phases`` that a run of ``config`` on
         ``num_images`` private images does, for the planner's price (none by default)."""
         return {}
 
     @classmethod
-    def release_units(cls, config: Config) -> float:
+    def release_units(cls, config: RunConfig) -> float:
         """Units of the release's work that its probes' ``sampling`` call prices (default: a diffusion model's
         images x sampling steps, none without one)."""
         return sampling_units(config)
@@ -232,7 +232,7 @@ class DiffusionMethod(Method):
     shortcuts = {"--init-from": ("model.init_from", "start the diffusion model from one pre-trained on public data "
                                                     "(dpsynth pretrain --for METHOD)", "DIR")}
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.trainer = DiffusionTrainer(config, self.class_starts, self.name)
         self.model: torch.nn.Module | None = None

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..config import Config, RunSettings, positive, section_settings
+from ..config import RunConfig, RunSettings, positive, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..diffusion.pretrain import read_pretraining
 from ..errors import ConfigError
@@ -68,7 +68,7 @@ class DPLDM(DPDM):
     resume_settings = ("autoencoder.encode_batch",)
     pixel_regime = False  # DP-SGD on latents: the recorded outcomes (pixels) do not bracket it
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.autoencoder_settings = section_settings(AutoencoderSettings, config, "autoencoder")
         self.saved: SavedAutoencoder | None = None
@@ -80,7 +80,7 @@ class DPLDM(DPDM):
         return self.saved
 
     @classmethod
-    def ready_public_parts(cls, config: Config, info: DatasetInfo, device: torch.device) -> list[str]:
+    def ready_public_parts(cls, config: RunConfig, info: DatasetInfo, device: torch.device) -> list[str]:
         started = time.perf_counter()
         saved = public_autoencoder(section_settings(AutoencoderSettings, config, "autoencoder"), info, device)
         return [f"autoencoder.path {saved.name!r} ready in {time.perf_counter() - started:.0f} s (public images only)"]
@@ -129,7 +129,7 @@ class DPLDM(DPDM):
                                         self.info.shape)
 
     @classmethod
-    def model_shape(cls, config: Config, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    def model_shape(cls, config: RunConfig, shape: tuple[int, int, int]) -> tuple[int, int, int]:
         """The latent shape the autoencoder makes of ``shape`` (:func:`autoencoder_shape`)."""
         return latent_shape(shape[0], shape[1], autoencoder_shape(config, shape[1]))
 
@@ -147,7 +147,7 @@ class DPLDM(DPDM):
                        sampling=lambda: sample() + coding_cost(self.config, shape, device, decode=True) / steps)
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         return {ENCODING_PHASE: num_images}
 
 
@@ -166,13 +166,13 @@ def public_autoencoder(settings: AutoencoderSettings, info: DatasetInfo, device:
     return saved
 
 
-def autoencoder_shape(config: Config, side: int) -> AutoencoderShape:
+def autoencoder_shape(config: RunConfig, side: int) -> AutoencoderShape:
     """The shape of ``config``'s autoencoder for images of ``side`` px: the default's, or the saved one's."""
     path = section_settings(AutoencoderSettings, config, "autoencoder").path
     return default_shape(side) if path == "default" else load_autoencoder(path).shape
 
 
-def coding_cost(config: Config, shape: tuple[int, int, int], device: torch.device, decode: bool,
+def coding_cost(config: RunConfig, shape: tuple[int, int, int], device: torch.device, decode: bool,
                 images: int = 64) -> float:
     """Seconds per image of encoding images of ``shape`` with ``config``'s autoencoder shape (or of decoding their
     latents), timed on an untrained model of that shape after a warm-up call: the cost depends on the shape only.

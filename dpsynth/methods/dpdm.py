@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from ..config import Config, preset_with
+from ..config import RunConfig, preset_with, section_settings
 from ..data import DatasetInfo
 from ..privacy import PlannedStage
 from ..training.context import RunContext
@@ -35,9 +35,9 @@ class DPDM(DiffusionMethod):
     # paper: DPImageBench's; cpu: sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
     presets = {"paper": PAPER_PRESET, "cpu": preset_with(CPU_PROTOCOL, CPU_PRESET)}
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.dpsgd_settings = DiffusionDpsgdSection.of(config, "dpsgd")
+        self.dpsgd_settings = section_settings(DiffusionDpsgdSection, config, "dpsgd")
 
     def stages_before_dpsgd(self, info: DatasetInfo) -> list[PlannedStage]:
         """The mechanisms a variant releases before DP-SGD, for its warm-up: none for DPDM."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..config import Config, one_of, positive, preset_with, section_settings
+from ..config import RunConfig, one_of, positive, preset_with, section_settings
 from ..data import DatasetInfo, ImageSet, load_public
 from ..data.fingerprints import fingerprints
 from ..diffusion.settings import CLASS_STARTS, UNetSettings
@@ -113,7 +113,7 @@ class PrivImage(DPDM):
                                              "public_pretrain": {"iterations": 1000, "checkpoint_every": 250}}),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.selection_settings = section_settings(SelectionSettings, config, "selection")
         self.pretrain_settings = section_settings(PublicPretrainSettings, config, "public_pretrain")
@@ -148,7 +148,7 @@ class PrivImage(DPDM):
         return replace(super().throughput_probes(shape, num_classes, device), phases=phases)
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         return {CLASSIFIER_PHASE: 1, QUERY_PHASE: num_images}
 
     def _public(self, info: DatasetInfo) -> tuple[ImageSet, list[str]]:

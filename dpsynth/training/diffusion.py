@@ -12,7 +12,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..config import Config, SamplingSettings, section_settings
+from ..config import RunConfig, SamplingSettings, section_settings
 from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import FINGERPRINTS
 from ..diffusion import Diffusion
@@ -54,7 +54,7 @@ class DiffusionTrainer:
     """The ``model`` and ``diffusion`` sections of ``config`` made into a UNet and its diffusion; ``class_starts``
     are the ``model.class_start`` values the holding method ``method`` implements."""
 
-    def __init__(self, config: Config, class_starts: Sequence[str], method: str) -> None:
+    def __init__(self, config: RunConfig, class_starts: Sequence[str], method: str) -> None:
         self.unet_settings = section_settings(UNetSettings, config, "model")
         if self.unet_settings.class_start not in class_starts:
             raise ConfigError(f"model.class_start must be one of {', '.join(class_starts)} for {method}, got "

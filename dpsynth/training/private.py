@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import Config, at_least, not_a_key, positive, section_settings
+from ..config import at_least, not_a_key, positive
 from ..errors import ConfigError, PrivacyError
 from ..privacy import DpsgdSchedule, PlannedStage
 from ..privacy.dpsgd import DPSGD, EMA, DpsgdSettings, ExampleLoss, Groups
@@ -17,9 +17,6 @@ from ..utils.device import memory_limited_by
 from .context import RunContext
 
 MakeBatch = Callable[[torch.Tensor], Sequence[torch.Tensor]]
-
-
-D = TypeVar("D", bound="DpsgdSection")
 
 
 def dpsgd_schedule(section: str, batch_size: int, epochs: float, num_train: int) -> DpsgdSchedule:
@@ -48,10 +45,6 @@ class DpsgdSection:
     physical_batch_size: int = positive(default=16)
     checkpoint_every: int = positive(default=50)
     bf16: bool | str = "auto"  # bf16 autocast where the hardware computes bf16 natively (dpsynth.hardware)
-
-    @classmethod
-    def of(cls: type[D], config: Config, section: str) -> D:
-        return section_settings(cls, config, section)
 
     def schedule(self, num_train: int) -> DpsgdSchedule:
         return dpsgd_schedule(self.section, self.batch_size, self.epochs, num_train)

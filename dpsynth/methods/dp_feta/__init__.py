@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from ...config import Config, at_least, one_of, positive, preset_with, section_settings
+from ...config import RunConfig, at_least, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...errors import ConfigError
 from ...privacy import PlannedStage
@@ -91,7 +91,7 @@ class DPFETA(DPDM):
         }),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.central_settings = section_settings(CentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")

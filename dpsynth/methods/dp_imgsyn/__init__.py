@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import Config, DatasetSettings, SamplingSettings, at_least, positive, preset_with, section_settings
+from ...config import DatasetSettings, RunConfig, SamplingSettings, at_least, positive, preset_with, section_settings
 from ...data import DatasetInfo, load_public
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
@@ -116,7 +116,7 @@ class DPImgSyn(Method):
             "evaluation": {"soft_label_epochs": 30, "distillation_temperature": 4}}),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.teacher_settings = section_settings(TeacherSettings, config, "teacher")
         self.statistics_settings = section_settings(StatisticsSettings, config, "statistics")
@@ -225,11 +225,11 @@ class DPImgSyn(Method):
         return Probes({"teacher": (teacher_probe, 1)}, sampling=alignment, phases={STATISTICS_STAGE: statistics})
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         return {STATISTICS_STAGE: num_images}
 
     @classmethod
-    def release_units(cls, config: Config) -> float:
+    def release_units(cls, config: RunConfig) -> float:
         """Image-iterations of alignment."""
         alignment = section_settings(AlignmentSettings, config, "alignment")
         return SamplingSettings.of(config).num_samples * alignment.iterations

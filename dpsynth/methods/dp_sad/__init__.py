@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...config import Config, at_least, not_a_key, one_of, positive, preset_with, section_settings
+from ...config import RunConfig, at_least, not_a_key, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo
 from ...errors import ConfigError
 from ...privacy import NonPrivateAccess, PlannedStage
@@ -129,13 +129,13 @@ class DPSAD(DiffusionMethod):
         }),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         if not self.trainer.unet_settings.trains_all:
             raise ConfigError(f"model.trainable: dp-sad DP-trains its teacher and its student whole, so it takes "
                               f"[all], got {list(self.trainer.unet_settings.trainable)}")
-        self.teacher_settings = TeacherSection.of(config, "teacher")
-        self.student_settings = StudentSection.of(config, "student")
+        self.teacher_settings = section_settings(TeacherSection, config, "teacher")
+        self.student_settings = section_settings(StudentSection, config, "student")
         self.discriminator_settings = section_settings(DiscriminatorSettings, config, "discriminator")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
@@ -279,6 +279,6 @@ class DPSAD(DiffusionMethod):
                        phases={POOL_PHASE: probes.sampling})
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         pool = section_settings(DiscriminatorSettings, config, "discriminator")
         return {POOL_PHASE: pool.pool * pool.pool_steps}

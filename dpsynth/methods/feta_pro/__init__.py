@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...config import Config, PrivacySettings, one_of, positive, preset_with, section_settings
+from ...config import PrivacySettings, RunConfig, one_of, positive, preset_with, section_settings
 from ...data import DatasetInfo, ImageSet
 from ...generators import balanced_labels
 from ...privacy import PlannedStage
@@ -129,7 +129,7 @@ class FETAPro(DPDM):
         }),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.central_settings = section_settings(NoisyCentralSettings, config, "central")
         self.warmup_settings = section_settings(WarmupSettings, config, "warmup")
@@ -144,7 +144,7 @@ class FETAPro(DPDM):
         return replace(super().throughput_probes(shape, num_classes, device), phases=phases)
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         generator = section_settings(AuxiliaryGeneratorSettings, config, "generator")
         fitted = section_settings(CurriculumSettings, config, "curriculum").order != "no-auxiliary"
         return {FEATURES_PHASE: num_images,

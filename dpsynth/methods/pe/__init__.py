@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ...config import (
-    Config,
+    RunConfig,
     RunSettings,
     SamplingSettings,
     at_least,
@@ -115,7 +115,7 @@ class PrivateEvolution(Method):
             "iterations": 8, "population": 2000, "lookahead": 2, "embedding": "pixels", "degrees": [0.9, 0.4]}}),
     }
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.api_settings = section_settings(ApiSettings, config, "api")
         self.settings = section_settings(EvolutionSettings, config, "pe")
@@ -203,7 +203,7 @@ class PrivateEvolution(Method):
             VOTES_PHASE: votes})
 
     @classmethod
-    def phase_units(cls, config: Config, num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         """RANDOM_API makes the population; each iteration varies it k times for the lookahead and once for the
         offspring, embeds it (k times, or once without lookahead) and lets every private image vote; the private
         images are embedded once."""
@@ -214,7 +214,7 @@ class PrivateEvolution(Method):
                 VOTES_PHASE: iterations * num_images}
 
     @classmethod
-    def release_units(cls, config: Config) -> float:
+    def release_units(cls, config: RunConfig) -> float:
         """The variations a release of more images than the population makes."""
         population = section_settings(EvolutionSettings, config, "pe").population
         return max(0, SamplingSettings.of(config).num_samples - population)
