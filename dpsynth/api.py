@@ -119,7 +119,8 @@ def validate_config(config: Config) -> None:
     if run.time_limit is not None:
         parse_duration(run.time_limit, "run.time_limit")
     get_source(DatasetSettings.of(config).name)
-    hardware_choices(config, torch.device("cpu"), sample_steps(config))  # ConfigError for a bf16 setting not auto,
+    typed = method.run_config(config)
+    hardware_choices(typed, torch.device("cpu"), sample_steps(typed))  # ConfigError for a bf16 setting not auto,
     # true or false
     check_threads(run.threads)
     refusal = method.no_generator

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, ReleaseSettings
+from .config import DatasetSettings, EvaluationSection, PrivacySettings, ReleaseSettings, RunConfig
 from .data import DatasetInfo
 from .generators import CARD, MODEL_WEIGHTS, Generator
 from .methods.base import Method
@@ -58,7 +58,7 @@ def data_name(info: DatasetInfo) -> str:
 
 
 def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.ndarray,
-              soft_labels: bool, config: Config, model: Generator | None = None) -> str:
+              soft_labels: bool, config: RunConfig, model: Generator | None = None) -> str:
     """The datasheet's Markdown: the holder's title, description, owner, purpose and reason for ε, the verdict on ε,
     what the release is, its guarantee (in numbers and in plain words), the generator when ``model`` is released with
     the images, what was public, what was not released, images per class, and what it is not."""
@@ -74,7 +74,7 @@ def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels:
         *_unreleased(info, dataset), "", *_per_class(info, labels, method), "", *_not(report, config), ""])
 
 
-def _record(report: dict[str, Any], config: Config) -> list[str]:
+def _record(report: dict[str, Any], config: RunConfig) -> list[str]:
     """Who answers for the release, what it is for, why this ε, and where it stands among the data's releases."""
     dataset, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
     missing = "not given (set `{}`)"
@@ -253,7 +253,7 @@ def _model(report: dict[str, Any], model: Generator | None) -> list[str]:
             "Both first check the two files against `privacy.json`.", ""]
 
 
-def _public(report: dict[str, Any], info: DatasetInfo, config: Config) -> list[str]:
+def _public(report: dict[str, Any], info: DatasetInfo, config: RunConfig) -> list[str]:
     """Every fact of the data the release shows without noise or decided by a recorded vote: the classes, the shape,
     the size, the window, the cap on a person's images, and the public images read."""
     voted = SHAPE.stage in [stage["name"] for stage in report.get("stages", [])]
@@ -323,7 +323,7 @@ def _regime(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _not(report: dict[str, Any], config: Config) -> list[str]:
+def _not(report: dict[str, Any], config: RunConfig) -> list[str]:
     unit, selection = report["unit"].split(":")[0], EvaluationSection.of(config).selection_epsilon
     return ["## What this release is not", "",
             f"- Not a guarantee beyond (ε, δ): it bounds how much the release can change when {unit} is added or "

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import Config, DatasetSettings, EvaluationSection, PrivacySettings, RunSettings, SamplingSettings
+from .config import DatasetSettings, EvaluationSection, PrivacySettings, RunConfig, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -130,7 +131,7 @@ def resolve_fast_inception(setting: Any) -> Choice:
     return Choice(False, "auto: fp32 (bf16 features moved FID by more than two draws of one model differ)")
 
 
-def hardware_choices(config: Config, device: torch.device, sample_steps: int) -> dict[str, Any]:
+def hardware_choices(config: RunConfig, device: torch.device, sample_steps: int) -> dict[str, Any]:
     """What this machine is and every bf16 and compile setting of ``config`` resolved on it (for the log), for a
     release of ``sample_steps`` denoising steps an image (0: not denoised)."""
     choices = {key: resolve_bf16(value, device, key) for key, value in _bf16_settings(config)}
@@ -145,23 +146,23 @@ def hardware_choices(config: Config, device: torch.device, sample_steps: int) ->
             "choices": {key: {"value": choice.value, "why": choice.reason} for key, choice in choices.items()}}
 
 
-def sampling_rows(config: Config) -> int:
+def sampling_rows(config: RunConfig) -> int:
     """Images a sampling call holds: ``sampling.batch_size``, or the whole release where it is smaller."""
     sampling = SamplingSettings.of(config)
     return min(sampling.batch_size, sampling.num_samples)
 
 
-def _side(config: Config) -> int:
+def _side(config: RunConfig) -> int:
     """The release's side: declared, else the DP vote's (``privacy.noisy_shape``), else :data:`COMPILE_SIDE`."""
     resolution = DatasetSettings.of(config).resolution
     voted = PrivacySettings.of(config).noisy_shape
     return resolution if isinstance(resolution, int) else int(voted[1]) if voted else COMPILE_SIDE
 
 
-def _bf16_settings(config: Config) -> list[tuple[str, Any]]:
+def _bf16_settings(config: RunConfig) -> list[tuple[str, Any]]:
     """(dotted key, value) of every ``bf16`` key."""
     return [(f"{section}.bf16", values["bf16"]) for section, values in config.items()
-            if isinstance(values, dict) and "bf16" in values]
+            if isinstance(values, Mapping) and "bf16" in values]
 
 
 def cpuinfo(field: str) -> str | None:

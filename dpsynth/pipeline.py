@@ -293,7 +293,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     device = world.device(pick_device(run_settings.device))
     governor = thread_governor(run_settings.threads)
     if world.is_main:
-        run.record_hardware(hardware_choices(config, device, sample_steps(config)))
+        run.record_hardware(hardware_choices(method.config, device, sample_steps(method.config)))
         _log_groups(run, dataset, config)
     context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
                          generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
@@ -405,7 +405,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     if model is not None:
         model.save(run.file(RELEASE), report["dpsynth"])
     run.write_datasheet(datasheet(report, method, dataset.info, generated.labels.cpu().numpy(),
-                                  generated.soft_labels is not None, config, model))
+                                  generated.soft_labels is not None, method.config, model))
     run.write_privacy_report(report)
     run.forget_noise_keys()
     write_run_report(run)

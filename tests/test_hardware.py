@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dpsynth.api import resolve_config
+from dpsynth.config import with_drawn
 from dpsynth.diffusion.settings import sample_steps
 from dpsynth.errors import ConfigError
 from dpsynth.hardware import (
@@ -73,8 +74,9 @@ def test_auto_compiles_the_sampler_only_for_a_large_fp32_release_on_a_cpu():
 def test_no_preset_fixes_a_hardware_dependent_setting():
     for name, method in METHODS.items():
         for preset in method.presets:
-            config = resolve_config(name, preset=preset)
+            config = method.run_config(resolve_config(name, preset=preset))
             choices = hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]
+            assert "sampling.bf16" in choices and len(choices) >= 3, choices  # each section's bf16 key is found
             assert choices["evaluation.fast_inception"]["why"].startswith("auto"), (name, preset)
             assert all(choice["why"].startswith("auto") for choice in choices.values()), (name, preset, choices)
             assert config["run"]["threads"] == "auto"
@@ -83,10 +85,11 @@ def test_no_preset_fixes_a_hardware_dependent_setting():
 def test_the_logged_compile_choice_counts_the_voted_side():
     config = resolve_config("dpdm", preset="cpu", overrides=["sampling.num_samples=1000", "sampling.bf16=false"])
     work = 1000 * config["diffusion"]["sample_steps"]
-    choices = hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]
+    dpdm = METHODS["dpdm"]
+    choices = hardware_choices(dpdm.run_config(config), torch.device("cpu"), work // 1000)["choices"]
     assert work < 50_000 and not choices["sampling.compile"]["value"]
-    config["privacy"]["noisy_shape"] = [3, 128]  # what a folder's shape vote writes
-    assert hardware_choices(config, torch.device("cpu"), sample_steps(config))["choices"]["sampling.compile"]["value"]
+    voted = dpdm.run_config(with_drawn(config, noisy_shape=[3, 128]))  # what a folder's shape vote draws
+    assert hardware_choices(voted, torch.device("cpu"), sample_steps(voted))["choices"]["sampling.compile"]["value"]
 
 
 def test_bad_hardware_settings_are_refused_when_the_config_is_built():

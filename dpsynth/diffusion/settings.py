@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config, SamplingSettings, at_least, one_of, positive, section_settings
+from ..config import RunConfig, SamplingSettings, at_least, one_of, positive, section_settings
 from ..errors import ConfigError
 
 PREDICTIONS = ("epsilon", "v")
@@ -107,12 +107,12 @@ class PretrainSettings:
                    beta_schedule=diffusion.beta_schedule, prediction=diffusion.prediction)
 
 
-def sample_steps(config: Config) -> int:
+def sample_steps(config: RunConfig) -> int:
     """The sampler's steps per image of a config with a ``diffusion`` section; 0 without one."""
     return section_settings(DiffusionSettings, config, "diffusion").sample_steps if "diffusion" in config else 0
 
 
-def sampling_units(config: Config) -> float:
+def sampling_units(config: RunConfig) -> float:
     """A diffusion model's release work: images x sampling steps (x 2 under guidance); none without ``diffusion``."""
     guided = "diffusion" in config and section_settings(DiffusionSettings, config, "diffusion").guidance > 0
     return SamplingSettings.of(config).num_samples * sample_steps(config) * (2 if guided else 1)
