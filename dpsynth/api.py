@@ -15,7 +15,6 @@ from .autoplan.plan import auto_preset
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     SCHEMA,
-    SHARED_BY_NAME,
     Config,
     DatasetSettings,
     PlanSettings,
@@ -105,8 +104,9 @@ def validate_config(config: Config) -> None:
         raise ConfigError(f"schema must be {SCHEMA} (a config resolve_config made, or load_config read: it migrates "
                           f"older files), got {schema_of(config)!r}")
     method = get_method(method_name(config))
-    for section in (*SHARED_BY_NAME, *method.sections):
-        method.settings(config, section)  # every key's type and rule
+    typed = method.run_config(config)
+    for section in method.section_kinds():
+        typed.section(section)  # every key's type and rule, each section read once
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
     if privacy.epsilon == math.inf and not run.allow_non_private:
         raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
@@ -119,7 +119,6 @@ def validate_config(config: Config) -> None:
     if run.time_limit is not None:
         parse_duration(run.time_limit, "run.time_limit")
     get_source(DatasetSettings.of(config).name)
-    typed = method.run_config(config)
     hardware_choices(typed, torch.device("cpu"), sample_steps(typed))  # ConfigError for a bf16 setting not auto,
     # true or false
     check_threads(run.threads)
