@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from .config import (
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
+    RunConfig,
     RunSettings,
     build_config,
     method_name,
@@ -142,9 +143,10 @@ def stored_config(config: Config, source: str) -> Config:
     return config
 
 
-def dataset_from_config(config: Config) -> Dataset:
+def dataset_from_config(config: Mapping[str, Any]) -> Dataset:
     """Load and split the dataset that ``config``'s ``dataset`` section describes, at the shape a run drew for it
     (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
+    config = RunConfig.shared(config)
     settings, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
     resolution, channels, drawn = settings.resolution, settings.channels, privacy.noisy_shape
     if drawn is not None:

@@ -26,7 +26,7 @@ from .config import (
 )
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
-from .methods import METHODS, create_method, shortcuts
+from .methods import METHODS, create_method, run_config_of, shortcuts
 from .provenance import version_line
 from .utils.messages import printed_to
 
@@ -205,7 +205,8 @@ def _privacy(args: argparse.Namespace) -> None:
 
     config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                             data_dir=args.data_dir, overrides=_method_overrides(args))
-    config, dataset = planned_config(config, dataset_from_config(config), pick_device(RunSettings.of(config).device))
+    config, dataset = planned_config(run_config_of(config), dataset_from_config(config),
+                                     pick_device(RunSettings.of(config).device))
     method = create_method(config)
     budget = method_budget(method, dataset.info)
     plan, regime = plan_privacy(config, dataset.info, budget), training_regime(method, dataset.info, budget)
@@ -368,7 +369,7 @@ def _run(args: argparse.Namespace) -> None:
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
         if args.nproc > 1:
-            plan_budget_for(config, dataset_from_config(config).info)  # bad input stops here, before any process
+            plan_budget_for(run_config_of(config), dataset_from_config(config).info)  # bad input stops here
             _run_processes(args)
             return
         run = start(config, began)

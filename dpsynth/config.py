@@ -239,21 +239,18 @@ RUN_WRITTEN = {
 }
 
 
-def with_drawn(config: Config, **values: Any) -> Config:
+def with_drawn(config: RunConfig, **values: Any) -> RunConfig:
     """A copy of ``config`` holding what a run's DP mechanisms drew: ``noisy_shape=[3, 64]`` sets
     ``privacy.noisy_shape`` (each a key of :data:`RUN_WRITTEN`); the one way a drawn value enters a config."""
-    drawn = copy.deepcopy(config)
     for name, value in values.items():
         assert f"privacy.{name}" in RUN_WRITTEN, name  # a programming error, not the user's
-        set_value(drawn, f"privacy.{name}", value, "the run")
-    return drawn
+        config = config.with_value(f"privacy.{name}", value, "the run")
+    return config
 
 
-def with_decisions(config: Config, decisions: Sequence[str]) -> Config:
+def with_decisions(config: RunConfig, decisions: Sequence[str]) -> RunConfig:
     """A copy of ``config`` with ``decisions`` (in words) added to its plan's (``plan.decisions``)."""
-    decided = copy.deepcopy(config)
-    set_value(decided, "plan.decisions", [*(PlanSettings.of(config).decisions or ()), *decisions], "the plan")
-    return decided
+    return config.with_value("plan.decisions", [*(PlanSettings.of(config).decisions or ()), *decisions], "the plan")
 
 
 def check_not_run_written(keys: Iterable[str], source: str) -> None:
@@ -404,9 +401,9 @@ def build_config(
     return config
 
 
-def dump_config(config: Config) -> str:
-    """The config as YAML, keys in their defined order."""
-    return yaml.safe_dump(config, sort_keys=False)
+def dump_config(config: Mapping[str, Any]) -> str:
+    """The config (a dict or a :class:`RunConfig`) as YAML, keys in their defined order."""
+    return yaml.safe_dump(config.to_dict() if isinstance(config, RunConfig) else config, sort_keys=False)
 
 
 def load_config(text: str, source: str) -> Config:
@@ -485,6 +482,12 @@ class RunConfig(Mapping[str, Any]):
         self._kinds = dict(kinds)
         self._read: dict[tuple[type, str], Any] = {}
 
+    @classmethod
+    def shared(cls, config: Mapping[str, Any]) -> RunConfig:
+        """``config`` (itself when it is a RunConfig) with the shared sections' classes only: for what reads no
+        method's section (a config without a method, such as the evaluation of a file's)."""
+        return config if isinstance(config, RunConfig) else cls(config, SHARED_BY_NAME)
+
     def __getitem__(self, key: str) -> Any:
         value = self._values[key]
         return MappingProxyType(value) if isinstance(value, dict) else value
@@ -509,6 +512,12 @@ class RunConfig(Mapping[str, Any]):
         """A copy with the nested ``update`` applied (:func:`merge`: every key must exist)."""
         values = self.to_dict()
         merge(values, update, source)
+        return RunConfig(values, self._kinds)
+
+    def with_value(self, key: str, value: Any, source: str) -> RunConfig:
+        """A copy with dotted ``key`` set to ``value`` (:func:`set_value`: the key must exist), a dict value whole."""
+        values = self.to_dict()
+        set_value(values, key, value, source)
         return RunConfig(values, self._kinds)
 
     def to_dict(self) -> Config:

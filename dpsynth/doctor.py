@@ -30,7 +30,7 @@ from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
-from .methods import get_method
+from .methods import get_method, run_config_of
 from .pipeline import execute, resume
 from .planning import plan_budget_for
 from .privacy import Accountant, PrivacyLedger, check_within_plan
@@ -86,9 +86,10 @@ def check_method(method: str, device: str, root: Path) -> Checkup:
 def _run_and_check(method: str, device: str, root: Path) -> str:
     public = _public_model(method, device, root)
     model = [] if get_method(method).no_generator else ["release.model=true"]
-    config = resolve_config(method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
-                            overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}",
-                                       f"run.out_dir={root}", f"privacy.holder_ledger={root / 'releases.json'}"])
+    config = run_config_of(resolve_config(
+        method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
+        overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}", f"run.out_dir={root}",
+                   f"privacy.holder_ledger={root / 'releases.json'}"]))
     dataset = dataset_from_config(config)
     budget = plan_budget_for(config, dataset.info)
     run = RunDirectory.create(config)

@@ -6,7 +6,7 @@ import copy
 import json
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .config import (
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
+    RunConfig,
     RunSettings,
     SamplingSettings,
     build_config,
@@ -43,7 +44,7 @@ from .distributed import World
 from .errors import ConfigError, DpsynthError, OutOfMemory, PrivacyError, PrivacyWarning
 from .evaluation import EvaluationSettings, evaluate_release, load_release, read_release, selection_ledger
 from .hardware import AUTO, hardware_choices, thread_governor
-from .methods import create_method, get_method
+from .methods import create_method, get_method, run_config_of
 from .methods.base import Method
 from .models.upscaler import SavedUpscaler
 from .officer import OFFICER_PAGE, near_chance, write_officer_page
@@ -96,13 +97,14 @@ from .utils.messages import tell, warn
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
 
-def start(config: Config, began: float | None = None) -> RunDirectory:
+def start(config: Mapping[str, Any], began: float | None = None) -> RunDirectory:
     """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
     for ``config`` and execute it (on every process torchrun started; rank 0 draws what the data decides, creates
     the directory and plans for every rank). ``began``: the ``time.perf_counter()`` at which the caller's
     command began, from which a derived plan's ``plan.time_budget`` counts (default: now)."""
     began = time.perf_counter() if began is None else began
     check_not_run_written([key for key in RUN_WRITTEN if get_value(config, key) is not None], "a new run's config:")
+    config = run_config_of(config)
     device = pick_device(RunSettings.of(config).device)
     world = World.from_environment(device)
     config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
@@ -134,7 +136,7 @@ def start(config: Config, began: float | None = None) -> RunDirectory:
     return execute(RunDirectory(path), dataset, budget, world, began, method)
 
 
-def check_upscaler(config: Config, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
+def check_upscaler(config: RunConfig, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
     """Where training reads the images smaller than the release: the upscaler exists for the release's side and
     holds none of the private images (``full``, at that side); ConfigError for ``release.model``, whose generator
     draws at the training side."""
@@ -162,7 +164,7 @@ def resumable(path: str) -> RunDirectory:
     written = yaml.safe_load(run.file(CONFIG).read_text())
     added = [key for key in flat_keys(config) if not has_key(written, key)]
     if added or schema_of(written) != schema_of(config):
-        run.write_config(config)
+        run.write_config(run_config_of(config))
         run.log("config completed", schema=schema_of(config), added=added)
     return run
 
@@ -204,6 +206,7 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
                               "its config is what its privacy plan covers")
         set_value(config, key, value, f"--resume {path}")
     validate_config(config)  # release.model=true for a method that has no model to release, say
+    config = run_config_of(config)
     world = World.from_environment(pick_device(RunSettings.of(config).device))
     config = world.broadcast_object(_with_shape(run, config) if world.is_main else None)  # one draw for every rank
     full = dataset_from_config(config)
@@ -238,6 +241,11 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
     return run
 
 
+def _run_config(run: RunDirectory) -> RunConfig:
+    """The run's config.yaml as its method's RunConfig."""
+    return run_config_of(run.config())
+
+
 @contextlib.contextmanager
 def _naming(run: RunDirectory) -> Iterator[None]:
     """Stops that tell the user how to continue name the run's directory: Ctrl-C or SIGTERM (the command line
@@ -269,7 +277,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     fit, within ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command began) where one
     is set."""
     if world.is_main:
-        dataset = dataset or training_dataset(run.config(), dataset_from_config(run.config()))
+        dataset = dataset or training_dataset(_run_config(run), dataset_from_config(run.config()))
     config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
     dataset = with_public_size(config, dataset or training_dataset(config, dataset_from_config(config)))
     if method is None or method.config != config:  # a noisy size drawn since it was built
@@ -277,7 +285,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     if budget is None or budget.size != dataset.info.num_train:
         budget = method_budget(method, dataset.info)
     accountant, delta, plan = budget.accountant, budget.delta, budget.stages
-    settings = fixed_settings(config)
+    settings = fixed_settings(config.to_dict())
     run_settings = RunSettings.of(config)
     state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
     if world.is_main and not run.file(REHEARSAL).exists():  # a rehearsal on public data enters no holder's ledger
@@ -306,7 +314,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
     return method, context, budget
 
 
-def _with_shape(run: RunDirectory, config: Config) -> Config:
+def _with_shape(run: RunDirectory, config: RunConfig) -> RunConfig:
     """The run's config with its shape drawn by the DP vote and written to config.yaml where the vote decides it and
     none was drawn yet (a bench cell before its first start); DpsynthError for a run that trained at a shape the exact
     images chose (started by a dpsynth before the vote): it cannot resume under the rule that keeps the shape
@@ -323,7 +331,7 @@ def _with_shape(run: RunDirectory, config: Config) -> Config:
     return config
 
 
-def _enter_release(run: RunDirectory, config: Config, info: DatasetInfo, budget: BudgetPlan) -> None:
+def _enter_release(run: RunDirectory, config: RunConfig, info: DatasetInfo, budget: BudgetPlan) -> None:
     """Enter the run in the holder's ledger at its plan before its first mechanism, once the holder's cap
     (``privacy.total_epsilon``) allows it; a run entered before (resumed) is left as it stands."""
     path = str(run.path.resolve())
@@ -333,7 +341,7 @@ def _enter_release(run: RunDirectory, config: Config, info: DatasetInfo, budget:
     holder_ledger(config).begin(planned_release(config, info, budget, path))
 
 
-def _released(run: RunDirectory, config: Config, ledger: PrivacyLedger, report: dict[str, Any]) -> dict[str, Any]:
+def _released(run: RunDirectory, config: RunConfig, ledger: PrivacyLedger, report: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the run's entry in the holder's ledger with what it spent; for privacy.json, where the release stands
     among every release from the same data: its number, how many count, and their ε composed."""
     path, held = str(run.path.resolve()), holder_ledger(config)
@@ -346,10 +354,10 @@ def _released(run: RunDirectory, config: Config, ledger: PrivacyLedger, report: 
             "delta": together.delta, "accountant": together.accountant}
 
 
-def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
+def _with_size(run: RunDirectory, dataset: Dataset) -> RunConfig:
     """The run's config, with a noisy count of the private set's size drawn and written to config.yaml
     (``privacy.noisy_dataset_size``) when the size is not public and none was drawn yet."""
-    config = run.config()
+    config = _run_config(run)
     if with_public_size(config, dataset).info.size_rule != "private":
         return config
     if run.file(CHECKPOINT).exists():
@@ -361,7 +369,7 @@ def _with_size(run: RunDirectory, dataset: Dataset) -> Config:
     return config
 
 
-def user_seed(config: Config) -> int | None:
+def user_seed(config: RunConfig) -> int | None:
     """``run.seed`` when the user set one (with a warning: the noise is then recomputable), else None."""
     seed = RunSettings.of(config).seed
     if seed is not None:
@@ -375,7 +383,7 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
              clock: tuple[float, float] | None) -> None:
     """Check the ledger against the target, generate, write the release and its privacy report; evaluate (within
     the plan's budget by the ``clock``: when the command and the fitting began)."""
-    config, dataset, ledger, delta = run.config(), context.dataset, context.ledger, budget.delta
+    config, dataset, ledger, delta = _run_config(run), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     run_settings = RunSettings.of(config)
     check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=not context.stopped)
@@ -423,15 +431,14 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
         evaluate_run(run, cuts.items(), dataset=dataset if upscaler is None else None, device=context.device)
 
 
-def _held_evaluation(run: RunDirectory, config: Config, info: DatasetInfo, device: torch.device,
+def _held_evaluation(run: RunDirectory, config: RunConfig, info: DatasetInfo, device: torch.device,
                      clock: tuple[float, float] | None) -> dict[str, Any]:
     """The evaluation keys cut to hold a derived plan's budget (said and logged), by the ``clock`` of the command
     that started the run; none for a resumed run, whose budget its stop broke."""
     if clock is None:
         return {}
     now = time.perf_counter()
-    cuts, words = budget_held(get_method(method_name(config)).run_config(config), info, device, now - clock[0],
-                              now - clock[1])
+    cuts, words = budget_held(config, info, device, now - clock[0], now - clock[1])
     if cuts:
         tell("evaluation held to the budget", words, cuts=cuts)
         run.log("evaluation held to the budget", cuts=cuts, decision=words)
@@ -479,7 +486,7 @@ def evaluate_run(run: RunDirectory, overrides: Iterable[tuple[str, Any]] = (), d
     and report.html show."""
     if not run.file(SYNTHETIC).is_file():
         raise DpsynthError(f"{run.path}: no {SYNTHETIC} yet; finish the run first (dpsynth run --resume {run.path})")
-    config = _evaluation_config(run.config(), overrides)
+    config = run_config_of(_evaluation_config(run.config(), overrides))
     dataset = dataset or dataset_from_config(config)
     accountant, delta = Accountant(PrivacySettings.of(config).accountant), resolve_delta(config, dataset.info.num_train)
     selection = selection_ledger(dataset, DatasetSettings.of(config).split_seed)
@@ -511,7 +518,7 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
     every evaluation that selects on the same private records.
     """
     path = Path(path)
-    config = _at_release_shape(build_config({}, {}, "none", overrides), path)
+    config = RunConfig.shared(_at_release_shape(build_config({}, {}, "none", overrides), path))
     dataset = dataset_from_config(config)
     run = inside_release(path)
     out = Path(out_dir) if out_dir is not None else (run or path.parent) / f"{path.stem}-evaluation"
@@ -529,7 +536,7 @@ def evaluate_file(path: str | Path, overrides: Iterable[tuple[str, Any]], out_di
 def _at_release_shape(config: Config, path: Path) -> Config:
     """``config`` with the shape settings a folder's images would vote on (left auto) set to the release's, which
     is public: the real images are read at the shape the release was made at."""
-    if not draws_noisy_shape(config):
+    if not draws_noisy_shape(RunConfig.shared(config)):
         return config
     _, channels, side, _ = read_release(path).images.shape
     settings = DatasetSettings.of(config)
@@ -539,7 +546,7 @@ def _at_release_shape(config: Config, path: Path) -> Config:
     return config
 
 
-def _log_groups(run: RunDirectory, dataset: Dataset, config: Config) -> None:
+def _log_groups(run: RunDirectory, dataset: Dataset, config: RunConfig) -> None:
     """With groups: how many the training split has and how many hold more images than a step reads (private)."""
     groups = dataset.train.groups
     if groups is None:
@@ -549,7 +556,7 @@ def _log_groups(run: RunDirectory, dataset: Dataset, config: Config) -> None:
     run.log("groups", train_groups=len(sizes), largest=int(sizes.max()), capped=int((sizes > cap).sum()), cap=cap)
 
 
-def _unit(info: DatasetInfo, config: Config) -> str:
+def _unit(info: DatasetInfo, config: RunConfig) -> str:
     """What one record is, in words: an image, or a group of images (dataset_size then counts groups)."""
     if info.unit == "image":
         return "one image"
@@ -560,7 +567,7 @@ def _unit(info: DatasetInfo, config: Config) -> str:
 
 
 def _privacy_report(ledger: PrivacyLedger, accountant: Accountant, delta: float, target: float,
-                    info: DatasetInfo, method: Method, config: Config) -> dict[str, Any]:
+                    info: DatasetInfo, method: Method, config: RunConfig) -> dict[str, Any]:
     """The ledger's epsilon (PrivacyError over ``target``), plus any outputs the method says it does not cover
     and whether the noise was seeded by the user (then recomputable). The neighbouring relation is adding or
     removing one record; the training set's size shown is the public one planning used (PrivacyError if there is

@@ -3,7 +3,6 @@ dataset's facts, the recorded outcomes' verdict on its DP-SGD, the derived plan 
 release's upscaler, and the holder's ledger of every release from the same data."""
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -16,11 +15,11 @@ from .autoplan.recipes import HOLDER_SIDE, Recommendation, recommend
 from .autoplan.regime import VERDICT_ORDER, Assessment, PlannedTraining, Start, Verdict, assess
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
-    Config,
     DatasetSettings,
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
+    RunConfig,
     RunSettings,
     method_name,
     preset_name,
@@ -57,7 +56,7 @@ from .privacy.releases import HeldRelease, HolderLedger, Total, total
 from .training.upscaler import default_upscaler
 
 
-def with_public_size(config: Config, dataset: Dataset) -> Dataset:
+def with_public_size(config: RunConfig, dataset: Dataset) -> Dataset:
     """``dataset`` with the public size of its training split under ``privacy.dataset_size``: ``auto``, the
     published size of a standard set, else a noisy count; ``noisy``, a noisy count always (once a run drew it:
     ``privacy.noisy_dataset_size``; until then the size stays private); a number, the declared size of the whole
@@ -74,14 +73,14 @@ def with_public_size(config: Config, dataset: Dataset) -> Dataset:
     return replace(dataset, info=replace(info, public_train=size, size_rule=how))
 
 
-def draws_images_per_group(config: Config, info: DatasetInfo) -> bool:
+def draws_images_per_group(config: RunConfig, info: DatasetInfo) -> bool:
     """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
     derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
     return (preset_name(config) == AUTO_PRESET and info.unit == "group"
             and "privacy.max_images_per_group" not in PlanSettings.of(config).user_keys)
 
 
-def resolve_delta(config: Config, num_train: int) -> float:
+def resolve_delta(config: RunConfig, num_train: int) -> float:
     """privacy.delta, or 1 / (N ln N) when unset; warns when delta >= 1 / N."""
     delta = PrivacySettings.of(config).delta
     delta = default_delta(num_train) if delta is None else delta
@@ -109,7 +108,7 @@ class BudgetPlan:
 HOLDER_SOURCES = ("folder", "npz")
 
 
-def data_key(config: Config) -> str:
+def data_key(config: RunConfig) -> str:
     """The data set a run releases from, as the holder's ledger counts it: a folder's or file's full path
     (``folder:/data/scans``), else the standard set's name."""
     settings = DatasetSettings.of(config)
@@ -120,27 +119,27 @@ def data_key(config: Config) -> str:
     return settings.name
 
 
-def holder_ledger(config: Config) -> HolderLedger:
+def holder_ledger(config: RunConfig) -> HolderLedger:
     """The holder's ledger ``privacy.holder_ledger`` names, else the user's (:mod:`dpsynth.privacy.releases`)."""
     path = PrivacySettings.of(config).holder_ledger
     return HolderLedger(Path(path).expanduser() if path else None)
 
 
-def planned_release(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
+def planned_release(config: RunConfig, info: DatasetInfo, budget: BudgetPlan, run: str) -> HeldRelease:
     """The holder's ledger entry of a run of ``config`` at its plan, before any mechanism ran."""
     unit = DatasetSettings.of(config).unit_name or ("person" if info.unit == "group" else "image")
     return HeldRelease(data_key(config), run, method_name(config), unit, time.strftime("%Y-%m-%d", time.gmtime()),
                        "running", budget.delta, budget.accountant.kind, budget.stages)
 
 
-def with_earlier_releases(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str = "") -> Total:
+def with_earlier_releases(config: RunConfig, info: DatasetInfo, budget: BudgetPlan, run: str = "") -> Total:
     """The ε of every release counted from this data (but the run ``run``) and a run of ``config`` at its plan, all
     together."""
     earlier = holder_ledger(config).counted(data_key(config), without=run)
     return total([*earlier, planned_release(config, info, budget, run)], budget.accountant.kind)
 
 
-def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, run: str) -> None:
+def check_total_epsilon(config: RunConfig, info: DatasetInfo, budget: BudgetPlan, run: str) -> None:
     """ConfigError when the run ``run`` at its plan would take every release counted from this data over
     ``privacy.total_epsilon`` (the holder's cap) together."""
     cap = PrivacySettings.of(config).total_epsilon
@@ -156,7 +155,7 @@ def check_total_epsilon(config: Config, info: DatasetInfo, budget: BudgetPlan, r
                           "shared (`dpsynth budget --not-shared RUN`), lower privacy.epsilon, or raise the cap")
 
 
-def plan_budget_for(config: Config, info: DatasetInfo) -> BudgetPlan:
+def plan_budget_for(config: RunConfig, info: DatasetInfo) -> BudgetPlan:
     """Calibrate the stages of ``config``'s method so the whole run on ``info``'s training split meets the
     target (:func:`method_budget` of the method built from it)."""
     return method_budget(create_method(config), info)
@@ -173,7 +172,7 @@ def method_budget(method: Method, info: DatasetInfo) -> BudgetPlan:
     return BudgetPlan(accountant, delta, target, stages, info.num_train)
 
 
-def dataset_stages(config: Config, info: DatasetInfo) -> list[PlannedStage]:
+def dataset_stages(config: RunConfig, info: DatasetInfo) -> list[PlannedStage]:
     """The mechanisms a run of ``config`` on ``info`` releases facts of its dataset with, before the method's:
     the shape a DP vote decides, the noisy size, and with groups under a derived plan the noisy mean of a
     person's images."""
@@ -197,7 +196,7 @@ def training_regime(method: Method, info: DatasetInfo, budget: BudgetPlan) -> li
             for event in budget.stages.get(TRAINING_STAGE, []) if isinstance(event, SubsampledGaussianMechanism)]
 
 
-def recommended_recipe(config: Config, info: DatasetInfo) -> Recommendation | None:
+def recommended_recipe(config: RunConfig, info: DatasetInfo) -> Recommendation | None:
     """The measured recipe for data of ``info``'s N (as planning uses it), side and channels at ``config``'s epsilon
     and time budget (:mod:`dpsynth.autoplan.recipes`); None for data under :data:`HOLDER_SIDE` px, which the recipes
     do not cover."""
@@ -208,7 +207,7 @@ def recommended_recipe(config: Config, info: DatasetInfo) -> Recommendation | No
     return recommend(info.num_train, side, info.channels, PrivacySettings.of(config).epsilon, budget)
 
 
-def check_training_regime(config: Config, assessments: list[Assessment]) -> None:
+def check_training_regime(config: RunConfig, assessments: list[Assessment]) -> None:
     """ConfigError, with what would do, when the recorded outcomes say the plan's DP-SGD will not learn, unless
     ``plan.force`` is set."""
     failing = [assessment for assessment in assessments if assessment.verdict == "fails"]
@@ -223,7 +222,7 @@ def check_training_regime(config: Config, assessments: list[Assessment]) -> None
         "on public images (pdp-diffusion), or a GPU; --set plan.force=true runs it anyway (the datasheet says so)")
 
 
-def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
+def check_non_private(config: RunConfig, stages: dict[str, list[Event]]) -> None:
     """ConfigError for stages that use the data without noise unless ``run.allow_non_private``; else a warning."""
     unprotected = non_private_stages(stages)
     if not unprotected:
@@ -235,8 +234,8 @@ def check_non_private(config: Config, stages: dict[str, list[Event]]) -> None:
     warnings.warn(what, PrivacyWarning, stacklevel=2)
 
 
-def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_size: bool = False
-                   ) -> tuple[Config, Dataset]:
+def planned_config(config: RunConfig, dataset: Dataset, device: torch.device, draw_size: bool = False
+                   ) -> tuple[RunConfig, Dataset]:
     """The config a run of ``config`` on ``dataset`` uses, and the dataset as training reads it (its planning size,
     at the training side :func:`training_dataset` gives): for preset ``auto`` the plan derived on ``device``
     (:mod:`dpsynth.autoplan`), its training side chosen by :func:`with_training_side`; a fixed preset checked to
@@ -264,8 +263,7 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
         config = with_decisions(config, [f"release.upscaler {upscaler.name!r} ready in "
                                          f"{time.perf_counter() - started:.0f} s (public images only)"])
     if draw_size:  # a run's public parts, trained once into a cache (by rank 0, before any other rank reads them)
-        method = get_method(method_name(config))
-        ready = method.ready_public_parts(method.run_config(config), info, device)
+        ready = get_method(method_name(config)).ready_public_parts(config, info, device)
         if ready and preset_name(config) == AUTO_PRESET:  # within the derived plan's budget
             config = with_decisions(config, ready)
     # the budget covers the whole command: what the side search and the public parts took is spent already
@@ -276,7 +274,7 @@ def planned_config(config: Config, dataset: Dataset, device: torch.device, draw_
 TRAINING_SIDES = (28, 32, 64)
 
 
-def training_info(config: Config, info: DatasetInfo) -> DatasetInfo:
+def training_info(config: RunConfig, info: DatasetInfo) -> DatasetInfo:
     """``info`` as training reads the data: at ``dataset.train_resolution`` where that is below its side (ConfigError
     where it is above)."""
     side = DatasetSettings.of(config).train_resolution
@@ -288,14 +286,14 @@ def training_info(config: Config, info: DatasetInfo) -> DatasetInfo:
     return replace(info, height=side, width=side, release_side=info.height)
 
 
-def training_dataset(config: Config, dataset: Dataset) -> Dataset:
+def training_dataset(config: RunConfig, dataset: Dataset) -> Dataset:
     """``dataset`` as training reads it (:func:`training_info`): its images shrunk by area averaging where
     ``dataset.train_resolution`` is below their side."""
     side = training_info(config, dataset.info).height
     return dataset if side == dataset.info.height else dataset.at_side(side)
 
 
-def with_training_side(config: Config, info: DatasetInfo, device: torch.device) -> Config:
+def with_training_side(config: RunConfig, info: DatasetInfo, device: torch.device) -> RunConfig:
     """``config`` with ``dataset.train_resolution`` chosen, for a derived plan that left it auto on data at least
     twice the smallest of :data:`TRAINING_SIDES`: from the smallest side up (each at most half the data's), then the
     data's side, the plan at each side is judged by the recorded outcomes (:func:`training_regime`); the largest
@@ -309,10 +307,9 @@ def with_training_side(config: Config, info: DatasetInfo, device: torch.device) 
     recorded = "dpsgd" in method.dpsgd_sections and method.pixel_regime
     if preset_name(config) != AUTO_PRESET or "dataset.train_resolution" in kept or not smaller or not recorded:
         return config
-    tried: list[tuple[int, Verdict, Config]] = []
+    tried: list[tuple[int, Verdict, RunConfig]] = []
     for side in [*smaller, info.height]:
-        trial = copy.deepcopy(config)
-        trial["dataset"]["train_resolution"] = side
+        trial = config.replaced({"dataset": {"train_resolution": side}}, "the derived plan")
         at_side = training_info(trial, info)
         planned = derive_config(trial, at_side, device)
         built = create_method(planned)
@@ -325,11 +322,11 @@ def with_training_side(config: Config, info: DatasetInfo, device: torch.device) 
     side, _, chosen = learned[-1] if learned else tried[0]
     words = ", ".join(f"{tried_side} px {tried_verdict}" for tried_side, tried_verdict, _ in tried)
     lift = f", the release lifted to {info.height} px by release.upscaler" if side < info.height else ""
-    chosen["plan"]["decisions"] = [f"training side {side} px of the data's {info.height} ({words}){lift}"]
-    return chosen
+    return chosen.with_value("plan.decisions", [f"training side {side} px of the data's {info.height} ({words}){lift}"],
+                             "the derived plan")
 
 
-def release_upscaler(config: Config, info: DatasetInfo, device: torch.device) -> SavedUpscaler | None:
+def release_upscaler(config: RunConfig, info: DatasetInfo, device: torch.device) -> SavedUpscaler | None:
     """The model that lifts the release from the training side to ``info.release_side`` (None when training reads
     the data at its side): ``release.upscaler``'s folder, or the default one (trained once per side on images
     that installed packages ship); ConfigError when it lifts to another side."""
@@ -344,7 +341,7 @@ def release_upscaler(config: Config, info: DatasetInfo, device: torch.device) ->
     return saved
 
 
-def format_derived_plan(config: Config) -> str:
+def format_derived_plan(config: RunConfig) -> str:
     """The derived plan in words: its budget, base preset, decisions and the expected minutes of each phase."""
     plan = PlanSettings.of(config)
     expected, probe, decisions = plan.expected_seconds or {}, plan.probe or {}, plan.decisions or ()
@@ -357,7 +354,7 @@ def format_derived_plan(config: Config) -> str:
     return "\n".join(lines)
 
 
-def plan_privacy(config: Config, info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
+def plan_privacy(config: RunConfig, info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
     """The run's privacy plan (``plan``, else calibrated now): each stage's noise (one calibrated) and share of the
     target epsilon."""
     plan = plan or plan_budget_for(config, info)

@@ -33,7 +33,7 @@ from .config import (
 from .data import Dataset
 from .distributed import World
 from .errors import ConfigError, DataError
-from .methods import create_method, get_method
+from .methods import create_method, get_method, run_config_of
 from .pipeline import execute
 from .planning import BudgetPlan, plan_budget_for, planned_config, training_dataset, with_public_size
 from .privacy import Accountant, PlannedStage, SubsampledGaussianMechanism
@@ -180,10 +180,10 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
         raise DataError(f"stand-in {stand_in}: images of {full.info.channels} channel(s), but the private set is "
                         f"declared with dataset.channels={channels}; name a public set that reads at "
                         f"{channels} (--stand-in, --stand-in-dir)")
-    public, _ = planned_config(public, priced_as_private(full, config), device)
+    public, _ = planned_config(run_config_of(public), priced_as_private(full, config), device)
     dataset = training_dataset(public, with_public_size(public, full))
     real = plan_budget_for(public, dataset.info)
-    rehearsed = shrunk_config(public, shrink)
+    rehearsed = run_config_of(shrunk_config(public.to_dict(), shrink))
     budget = shrunk_budget(rehearsed, dataset, real, shrink)
     run = RunDirectory.create(rehearsed, name=f"rehearsal-{run_name(rehearsed)}")
     atomic_write_json(run.file(REHEARSAL), describe(real, budget, rehearsed, stand_in, private, shrink))

@@ -38,7 +38,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, DatasetSettings, PrivacySettings, RunSettings, dump_config, load_config, method_name
+from .config import (
+    Config,
+    DatasetSettings,
+    PrivacySettings,
+    RunConfig,
+    RunSettings,
+    dump_config,
+    load_config,
+    method_name,
+)
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
 from .utils.images import class_grid, save_png, to_uint8
@@ -85,7 +94,7 @@ class Checkpoint:
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
-def run_name(config: Config, when: time.struct_time | None = None) -> str:
+def run_name(config: RunConfig, when: time.struct_time | None = None) -> str:
     """``<method>-<dataset>-eps<epsilon>-<YYYYmmdd-HHMMSS>``; ``nodp`` for eps<epsilon> in a run allowed to
     use the data without noise (``run.allow_non_private``), whose release no epsilon covers."""
     stamp = time.strftime("%Y%m%d-%H%M%S", when or time.localtime())
@@ -100,7 +109,7 @@ class RunDirectory:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, config: Config, root: str | Path | None = None, name: str | None = None) -> RunDirectory:
+    def create(cls, config: RunConfig, root: str | Path | None = None, name: str | None = None) -> RunDirectory:
         """A new run directory under ``root`` (default ``run.out_dir``) named ``name`` (default
         :func:`run_name`; ``-2``, ``-3``... appended while the name is taken)."""
         base = Path(root if root is not None else RunSettings.of(config).out_dir) / (name or run_name(config))
@@ -135,13 +144,13 @@ class RunDirectory:
         path = self.file(LEDGER)
         return PrivacyLedger.load(path) if path.exists() else PrivacyLedger(path)
 
-    def write_config(self, config: Config) -> None:
+    def write_config(self, config: RunConfig) -> None:
         atomic_write_text(self.file(CONFIG), dump_config(config))
 
     def record_hardware(self, hardware: dict[str, Any]) -> None:
         """Write what this machine is and the hardware-dependent choices made on it into config.yaml's
         ``hardware`` section (each start or resume rewrites it), and log them."""
-        self.write_config({**self.config(), "hardware": hardware})
+        atomic_write_text(self.file(CONFIG), dump_config({**self.config(), "hardware": hardware}))
         self.log("hardware", **hardware)
 
     def log(self, event: str, **fields: Any) -> None:

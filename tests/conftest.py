@@ -29,7 +29,7 @@ from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
 from dpsynth.hardware import usable_cores
-from dpsynth.methods import METHODS
+from dpsynth.methods import METHODS, run_config_of
 from dpsynth.pipeline import execute
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
@@ -266,7 +266,7 @@ def stopped_smoke_run(method: str, root: Path, epsilon: float = 5.0) -> RunDirec
     it right after its first checkpoint that follows a recorded mechanism (the doctor's stop)."""
     config = resolve_config(method, dataset="digits", epsilon=epsilon, preset="cpu",
                             overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}"])
-    run = RunDirectory.create(config)
+    run = RunDirectory.create(run_config_of(config))
     with pytest.raises(_Interrupted):
         execute(_CrashAfterCheckpoint(run.path))
     return run

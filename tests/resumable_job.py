@@ -10,6 +10,7 @@ import time
 import torch
 
 from dpsynth.api import dataset_from_config, resolve_config
+from dpsynth.methods import run_config_of
 from dpsynth.privacy import Accountant, ledger_report
 from dpsynth.privacy.mechanisms import release_subsampled_mean
 from dpsynth.privacy.randomness import SecretStream, derived_key
@@ -31,7 +32,7 @@ def main() -> None:
         config = run.config()
     else:
         config = resolve_config("dpdm", dataset="mnist-5k", epsilon=5.0, overrides=["run.seed=0"])  # reproducible
-        run = RunDirectory.create(config, args.path)
+        run = RunDirectory.create(run_config_of(config), args.path)
         print(run.path, flush=True)
     images = as_floats(dataset_from_config(config).train.images).flatten(1)
     noise = SecretStream(derived_key(config["run"]["seed"], "noise"))

@@ -311,7 +311,7 @@ def test_privacy_prints_the_derived_plan_and_its_time(capsys):
 
 def test_a_derived_config_records_its_probe_and_keeps_what_the_user_set():
     config = resolve_config("dpdm", dataset="digits", epsilon=10, overrides=["dpsgd.batch_size=32"])
-    planned, _ = planned_config(config, dataset_from_config(config), torch.device("cpu"))
+    planned, _ = planned_config(typed(config), dataset_from_config(config), torch.device("cpu"))
     plan = planned["plan"]
     assert planned["dpsgd"]["batch_size"] == 32 and "dpsgd.batch_size" in plan["user_keys"]
     assert plan["base"] == "cpu" and plan["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0

@@ -16,7 +16,7 @@ from conftest import kill_after_recorded_steps, secret_stream
 from dpsynth.api import resolve_config
 from dpsynth.doctor import COMMON
 from dpsynth.errors import DpsynthError, PrivacyError
-from dpsynth.methods import METHODS
+from dpsynth.methods import METHODS, run_config_of
 from dpsynth.methods.base import Method
 from dpsynth.pipeline import start
 from dpsynth.privacy import (
@@ -109,11 +109,11 @@ def test_subsampled_mean_noise_and_sensitivity():
 
 def test_run_directory_layout_and_release(tmp_path):
     config = resolve_config("dpdm", dataset="mnist-5k", epsilon=2.5)
-    run = RunDirectory.create(config, tmp_path)
-    second = RunDirectory.create(config, tmp_path)
+    run = RunDirectory.create(run_config_of(config), tmp_path)
+    second = RunDirectory.create(run_config_of(config), tmp_path)
     assert run.path.name.startswith("dpdm-mnist-5k-eps2.5-") and second.path != run.path
     assert RunDirectory.open(run.path).config() == config and config["run"]["seed"] is None  # no seed written
-    chosen = RunDirectory.create(resolve_config("dpdm", overrides=["run.seed=7"]), tmp_path)
+    chosen = RunDirectory.create(run_config_of(resolve_config("dpdm", overrides=["run.seed=7"])), tmp_path)
     assert chosen.config()["run"]["seed"] == 7  # a seed the user sets is kept (and is known: tests only)
     images, labels = torch.rand(30, 1, 28, 28), torch.arange(30) % 10
     run.save_release(images, labels, [str(c) for c in range(10)])
@@ -129,7 +129,7 @@ def test_run_directory_layout_and_release(tmp_path):
 
 
 def test_a_checkpoint_in_the_layout_before_checkpoint_is_refused_with_what_to_do(tmp_path):
-    run = RunDirectory.create(resolve_config("dpdm", dataset="mnist-5k"), tmp_path)
+    run = RunDirectory.create(run_config_of(resolve_config("dpdm", dataset="mnist-5k")), tmp_path)
     old = {"phase": "dp-sgd", "step": 5, "model": {}, "rng": {}}  # a method's own layout, as dpsynth 0.1.0 wrote
     torch.save({"state": old, "ledger": PrivacyLedger(None).to_dict(), "settings": {}}, run.file("checkpoint.pt"))
     with pytest.raises(DpsynthError, match=r"checkpoint.pt: checkpoint layout 1, written by an older dpsynth; .* "

@@ -26,7 +26,7 @@ from dpsynth.data.folder import load_folder
 from dpsynth.data.sources import LoadOptions
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import DataError, DpsynthError, PrivacyError, PrivacyWarning
-from dpsynth.methods import get_method
+from dpsynth.methods import get_method, run_config_of
 from dpsynth.pipeline import resume, start, user_seed
 from dpsynth.privacy import (
     Accountant,
@@ -198,11 +198,11 @@ def test_a_run_that_trained_at_the_exact_images_shape_is_not_resumed_and_a_fresh
     config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / "scans"), epsilon=2.0, preset="cpu",
                             overrides=[*MERF, f"run.out_dir={tmp_path / 'runs'}", "privacy.dataset_size=12",
                                        "dataset.val_size=1", "dataset.test_size=1", "dataset.channels=1"])
-    fresh = RunDirectory.create(config)  # as a bench cell starts: nothing drawn, nothing run
+    fresh = RunDirectory.create(run_config_of(config))  # as a bench cell starts: nothing drawn, nothing run
     resume(str(fresh.path))
     assert fresh.config()["privacy"]["noisy_shape"] is not None
     assert SHAPE.stage in PrivacyLedger.load(fresh.file("ledger.json")).stages()
-    old = RunDirectory.create(config)  # as a run of a dpsynth before the vote: trained at the exact shape
+    old = RunDirectory.create(run_config_of(config))  # as a dpsynth before the vote: trained at the exact shape
     old.file("checkpoint.pt").write_bytes(b"")
     with pytest.raises(DpsynthError, match="shape its exact images chose.*start it again"):
         resume(str(old.path))
@@ -212,7 +212,8 @@ def test_a_run_that_trained_at_the_exact_images_shape_is_not_resumed_and_a_fresh
 def test_a_fixed_preset_plans_with_the_noisy_count_drawn_before_it(own_npz):
     config = resolve_config("dpdm", dataset="npz", data_dir=own_npz, epsilon=5.0, preset="cpu",
                             overrides=["run.device=cpu", "dpsgd.batch_size=64"])
-    planned, dataset = planned_config(config, dataset_from_config(config), torch.device("cpu"), draw_size=True)
+    planned, dataset = planned_config(run_config_of(config), dataset_from_config(config), torch.device("cpu"),
+                                      draw_size=True)
     assert planned["privacy"]["noisy_dataset_size"] is not None and dataset.info.size_rule == "noisy"
     assert plan_budget_for(planned, dataset.info).size == dataset.info.public_train
 

@@ -27,7 +27,7 @@ from dpsynth.data.folder import FOLDER_SIDES, ShapeVotes, folder_votes
 from dpsynth.data.sources import LoadOptions
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, PrivacyWarning
-from dpsynth.methods import METHODS
+from dpsynth.methods import METHODS, run_config_of
 from dpsynth.pipeline import start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.dataset_facts import SHAPE, SIZE, least_total, noisy_total, with_noisy_shape
@@ -97,7 +97,7 @@ def test_a_dp_vote_decides_alike_on_neighbouring_folders(tmp_path):
     for name in ("less", "more"):
         config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / name), epsilon=1.0)
         with pytest.warns(UserWarning, match="so few images vote that the noise decides more than they do"):
-            drawn = [tuple(with_noisy_shape(seeded(config, seed))["privacy"]
+            drawn = [tuple(with_noisy_shape(run_config_of(seeded(config, seed)))["privacy"]
                            ["noisy_shape"]) for seed in range(300)]
         shares[name] = {shape: drawn.count(shape) / len(drawn) for shape in set(drawn)}
     for shape in set(shares["less"]) | set(shares["more"]):
@@ -236,7 +236,7 @@ def test_a_derived_plan_on_own_data_reads_the_noisy_count_not_the_exact_size(tmp
     config = resolve_config("dpdm", dataset="npz", data_dir=str(tmp_path / "own.npz"), epsilon=10.0,
                             overrides=["run.seed=3", "plan.time_budget=3m", "evaluation.enabled=false"])
     exact = dataset_from_config(config)
-    planned, public = planned_config(config, exact, torch.device("cpu"), draw_size=True)
+    planned, public = planned_config(run_config_of(config), exact, torch.device("cpu"), draw_size=True)
     noisy = planned["privacy"]["noisy_dataset_size"]
     assert public.info.size_rule == "noisy" and public.info.num_train == noisy - 2 * round(0.1 * noisy)
     assert public.info.num_train != exact.info.split_sizes["train"]

@@ -19,6 +19,7 @@ from dpsynth.bench.recipes import recipes
 from dpsynth.bench.regime import outcomes
 from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
+from dpsynth.methods import run_config_of
 from dpsynth.models.upscaler import SavedUpscaler
 from dpsynth.utils.io import sha256
 
@@ -192,7 +193,8 @@ def test_a_persons_share_of_a_step_is_priced_by_a_noisy_mean_of_their_images(tmp
     config = resolve_config("dpdm", dataset="npz", data_dir=str(people(tmp_path / "few.npz", 300)),
                             overrides=["privacy.dataset_size=300", "plan.time_budget=60m", "plan.force=true",
                                        "evaluation.enabled=false"])
-    planned, dataset = planned_config(config, dataset_from_config(config), torch.device("cpu"), draw_size=True)
+    planned, dataset = planned_config(run_config_of(config), dataset_from_config(config), torch.device("cpu"),
+                                      draw_size=True)
     price = planned["privacy"]["noisy_images_per_group"]
     assert 1.0 <= price <= 16.0 and any("noisy mean of their images" in line for line in planned["plan"]["decisions"])
     assert IMAGES_PER_GROUP.stage in plan_budget_for(planned, dataset.info).stages  # paid for in the ledger's plan

@@ -19,14 +19,12 @@ import torch
 
 from ..config import (
     SHARED_BY_NAME,
-    Config,
     PlanSettings,
     PrivacySettings,
     RunConfig,
     SamplingSettings,
     method_name,
     preset_name,
-    set_value,
 )
 from ..data import DatasetInfo
 from ..diffusion.settings import sample_steps
@@ -196,26 +194,25 @@ def compiles_sampling(config: RunConfig, side: int, device: torch.device) -> boo
     return bool(work) and resolve_compile(sampling.compile, device, bf16, work, side, sampling_rows(config)).value
 
 
-def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent: float = 0.0) -> Config:
+def derive_config(config: RunConfig, info: DatasetInfo, device: torch.device, spent: float = 0.0) -> RunConfig:
     """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``, for
     the time budget less the ``spent`` seconds; a config of a fixed preset, checked to fit the data
     (:func:`check_preset_fits`), unchanged."""
     method_cls = get_method(method_name(config))
-    typed = method_cls.run_config(config)
     if preset_name(config) != AUTO_PRESET:
-        check_preset_fits(method_cls, typed, info)
+        check_preset_fits(method_cls, config, info)
         return config
-    plan = typed.section("plan")
+    plan = config.section("plan")
     if plan.probe is not None:  # derived already
         return config
     shape = method_shape(method_cls)
-    privacy = typed.section("privacy")
+    privacy = config.section("privacy")
     inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
-    side = method_cls.model_shape(typed, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
-    typed, decisions = deepened(method_cls, typed, side, kept)
+    side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
+    config, decisions = deepened(method_cls, config, side, kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
-    chunked_config, decisions = chunked(method_cls, typed, side, device, kept, decisions)
+    chunked_config, decisions = chunked(method_cls, config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(privacy, inputs.images_per_unit))
     probed = method_cls(chunked_config)  # the method at the chunked config, whose probes price the plan
@@ -234,12 +231,11 @@ def derive_config(config: Config, info: DatasetInfo, device: torch.device, spent
         planned = planned.replaced(chunks, "the derived plan's memory estimate")
     compiled = compiles_sampling(planned, inputs.shape[1], device)
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled)
-    recorded = planned.to_dict()
     for key, value in (("base", base_preset(method_cls, device)), ("probe", throughput.to_dict()),
                        ("decisions", decisions),
                        ("expected_seconds", {phase: round(seconds, 1) for phase, seconds in expected.items()})):
-        set_value(recorded, f"plan.{key}", value, "the derived plan")
-    return recorded
+        planned = planned.with_value(f"plan.{key}", value, "the derived plan")
+    return planned
 
 
 HOLD_SLACK = 0.05  # of the budget: a planned evaluation that overruns it by no more is kept (not cut) at run time

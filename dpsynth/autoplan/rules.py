@@ -230,9 +230,9 @@ class MethodShape:
     dpsgd_sections: tuple[str, ...]
     public_sections: tuple[str, ...]
     soft_labels: bool
-    phase_units: Callable[[Mapping[str, Any], float], dict[str, float]] = _no_phases
+    phase_units: Callable[[RunConfig, float], dict[str, float]] = _no_phases
     sized_phase: tuple[str, str] | None = None
-    release_units: Callable[[Mapping[str, Any]], float] = sampling_units
+    release_units: Callable[[RunConfig], float] = sampling_units
 
 
 def phase_seconds(config: RunConfig, method: MethodShape, inputs: PlanInputs, throughput: Throughput

@@ -49,7 +49,7 @@ from ..config import (
 from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
-from ..methods import METHODS, get_method
+from ..methods import METHODS, get_method, run_config_of
 from ..planning import plan_budget_for
 from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, machine_type, write_results
@@ -144,7 +144,7 @@ def _configs(spec: BenchSpec, out: Path) -> dict[Cell, Config]:
     infos = {name: dataset_from_config(next(c for cell, c in configs.items() if cell.dataset == name)).info
              for name in spec.datasets}
     for cell, config in configs.items():
-        plan_budget_for(config, infos[cell.dataset])
+        plan_budget_for(run_config_of(config), infos[cell.dataset])
     return configs
 
 
@@ -196,7 +196,7 @@ def _check_comparable(configs: dict[Cell, Config]) -> None:
 def _open_cell(path: Path, config: Config) -> RunDirectory:
     """The cell's run directory: created on first use, else checked to hold the same config."""
     if not path.exists():
-        return RunDirectory.create(config, path.parent, path.name)
+        return RunDirectory.create(run_config_of(config), path.parent, path.name)
     run = RunDirectory.open(path)
     differences = _differences(run.config(), config)
     if differences:

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import method_name
+from ..config import RunConfig, method_name
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -111,11 +111,17 @@ def get_method(name: str) -> type[Method]:
     return METHODS[name]
 
 
+def run_config_of(config: Mapping[str, Any]) -> RunConfig:
+    """``config`` as the :class:`~dpsynth.config.RunConfig` of the method it names (itself when it is one): where a
+    configuration from a file, ``resolve_config`` or ``--set`` enters the layers below the command line."""
+    return get_method(method_name(config)).run_config(config)
+
+
 def create_method(config: Mapping[str, Any]) -> Method:
     """The method ``config`` names, built from it (as its :class:`~dpsynth.config.RunConfig`): a run builds it once,
     after its plan, and keeps it."""
-    method = get_method(method_name(config))
-    return method(method.run_config(config))
+    return get_method(method_name(config))(run_config_of(config))
 
 
-__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "create_method", "get_method", "shortcuts"]
+__all__ = ["METHODS", "REGISTERED", "MethodRegistry", "Shortcut", "create_method", "get_method", "run_config_of",
+           "shortcuts"]

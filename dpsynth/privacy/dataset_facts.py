@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Config, DatasetSettings, PrivacySettings, RunSettings, with_drawn
+from ..config import DatasetSettings, PrivacySettings, RunConfig, RunSettings, with_drawn
 from ..data import Dataset, DatasetInfo, get_source
 from ..data.registry import SplitSize, dataset_shape_votes, held_out, train_size
 from ..errors import DataError, PrivacyWarning
@@ -57,14 +57,14 @@ def record_drawn(ledger: PrivacyLedger, planned: Container[str]) -> None:
             ledger.record(fact.stage, fact.mechanism())
 
 
-def draws_noisy_shape(config: Config) -> bool:
+def draws_noisy_shape(config: RunConfig) -> bool:
     """Whether a run of ``config`` decides its dataset's shape by a DP vote of the images: a folder (a source whose
     images choose) with ``dataset.resolution`` or ``dataset.channels`` left auto."""
     settings = DatasetSettings.of(config)
     return get_source(settings.name).shape_votes is not None and AUTO in (settings.resolution, settings.channels)
 
 
-def with_noisy_shape(config: Config) -> Config:
+def with_noisy_shape(config: RunConfig) -> RunConfig:
     """``config`` with the shape its run reads the dataset at, where a DP vote decides it and none was drawn yet:
     the images' votes (:class:`~dpsynth.data.folder.ShapeVotes`; with ``dataset.window`` auto, on the 16-bit window
     too) plus Gaussian noise, SHAPE.noise times their L2 sensitivity (the square root of the number of vote
@@ -88,7 +88,7 @@ def with_noisy_shape(config: Config) -> Config:
     return with_drawn(config, noisy_shape=[channels, side], noisy_window=None if window is None else list(window))
 
 
-def held_out_of(config: Config) -> tuple[SplitSize, SplitSize]:
+def held_out_of(config: RunConfig) -> tuple[SplitSize, SplitSize]:
     """The validation and test sizes of ``config``'s dataset (:func:`~dpsynth.data.registry.held_out`)."""
     settings = DatasetSettings.of(config)
     return held_out(settings.name, settings.val_size, settings.test_size)
@@ -102,7 +102,7 @@ def draws_noisy_size(info: DatasetInfo) -> bool:
 LEAST_TRAIN = 2  # training units a noisy count is raised to at least
 
 
-def noisy_total(dataset: Dataset, config: Config) -> int:
+def noisy_total(dataset: Dataset, config: RunConfig) -> int:
     """The number of units (images, or groups) of ``dataset`` (all splits but an official test part) plus
     N(0, SIZE.noise^2), rounded, from a stream of its own (the run records :data:`SIZE`), raised to the
     least total that leaves ``config``'s splits the training units δ needs: a clamp, post-processing, where a refusal
@@ -119,7 +119,7 @@ def noisy_total(dataset: Dataset, config: Config) -> int:
     return max(noisy, least)
 
 
-def noisy_images_per_group(dataset: Dataset, config: Config) -> float:
+def noisy_images_per_group(dataset: Dataset, config: RunConfig) -> float:
     """The mean number of images a DP-SGD step reads of a person: the training split's images, each person's capped
     at ``privacy.max_images_per_group``, plus N(0, (IMAGES_PER_GROUP.noise x cap)^2) from a stream of its own (the
     run records :data:`IMAGES_PER_GROUP`), over the public N; within [1, cap] (post-processing), to 2 decimals."""
