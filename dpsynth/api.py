@@ -17,6 +17,7 @@ from .config import (
     SCHEMA,
     Config,
     DatasetSettings,
+    Drawn,
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
@@ -29,12 +30,12 @@ from .config import (
     schema_of,
     with_defaults,
 )
-from .data import Dataset, get_source, load_dataset
+from .data import Dataset, DatasetInfo, get_source, load_dataset
 from .diffusion.settings import sample_steps
 from .errors import ConfigError, DpsynthError
 from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
-from .methods import get_method
+from .methods import create_method, get_method
 from .planning import (
     HOLDER_SOURCES,
     TRAINING_SIDES,
@@ -49,8 +50,6 @@ from .planning import (
     format_derived_plan,
     holder_ledger,
     method_budget,
-    plan_budget_for,
-    plan_privacy,
     planned_config,
     planned_release,
     recommended_recipe,
@@ -63,6 +62,7 @@ from .planning import (
     with_public_size,
     with_training_side,
 )
+from .privacy import budget_report
 from .privacy.accountant import check_delta, check_epsilon
 from .privacy.dataset_facts import (
     SHAPE,
@@ -108,6 +108,7 @@ def validate_config(config: Config) -> None:
     typed = method.run_config(config)
     for section in method.section_kinds():
         typed.section(section)  # every key's type and rule, each section read once
+    typed.read(Drawn, Drawn.section)  # a run's record of what it drew, likewise
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
     if privacy.epsilon == math.inf and not run.allow_non_private:
         raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
@@ -147,21 +148,34 @@ def dataset_from_config(config: Mapping[str, Any]) -> Dataset:
     """Load and split the dataset that ``config``'s ``dataset`` section describes, at the shape a run drew for it
     (:func:`with_noisy_shape`) where it drew one, its public size set by :func:`with_public_size`."""
     config = RunConfig.shared(config)
-    settings, privacy = DatasetSettings.of(config), PrivacySettings.of(config)
-    resolution, channels, drawn = settings.resolution, settings.channels, privacy.noisy_shape
-    if drawn is not None:
-        channels, resolution = drawn
+    settings, drawn = DatasetSettings.of(config), config.drawn
+    resolution, channels = (settings.resolution, settings.channels) if drawn.shape is None else drawn.shape[::-1]
     window = settings.window if isinstance(settings.window, str) else (settings.window[0], settings.window[1])
-    shares = None if privacy.noisy_window is None else (privacy.noisy_window[0], privacy.noisy_window[1])
+    shares = None if drawn.window is None else (drawn.window[0], drawn.window[1])
     dataset = load_dataset(
         settings.name, settings.data_dir, val_size=settings.val_size, test_size=settings.test_size,
         split_seed=settings.split_seed, resolution=resolution, channels=channels, num_classes=settings.num_classes,
         num_images=settings.num_images, window=window, window_shares=shares, cache_dir=settings.cache_dir,
     )
-    if drawn is not None:
+    if drawn.shape is not None:
         decision = f"{channels} x {resolution} x {resolution} by a DP vote of the images (stage {SHAPE.stage})"
         dataset = replace(dataset, info=replace(dataset.info, shape_decision=decision))
     return with_public_size(config, dataset)
+
+
+def plan_budget_for(config: Mapping[str, Any], info: DatasetInfo) -> BudgetPlan:
+    """Calibrate the stages of ``config``'s method so the whole run on ``info``'s training split meets the
+    target (:func:`~dpsynth.planning.method_budget` of the method built from it)."""
+    return method_budget(create_method(config), info)
+
+
+def plan_privacy(config: Mapping[str, Any], info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
+    """The run's privacy plan (``plan``, else calibrated now): each stage's noise (one calibrated) and share of the
+    target epsilon."""
+    plan = plan or plan_budget_for(config, info)
+    report = budget_report(plan.stages, plan.accountant, plan.delta)
+    return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
+            **report}
 
 
 def synthetic_dataset(path: str | Path) -> TensorDataset:

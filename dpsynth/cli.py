@@ -191,11 +191,10 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
-    from .api import dataset_from_config, resolve_config
+    from .api import dataset_from_config, plan_privacy, resolve_config
     from .planning import (
         format_derived_plan,
         method_budget,
-        plan_privacy,
         planned_config,
         recommended_recipe,
         training_regime,
@@ -335,10 +334,9 @@ def _run_processes(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     began = time.perf_counter()  # plan.time_budget counts from here: the imports and the data are in it
-    from .api import dataset_from_config, resolve_config
+    from .api import dataset_from_config, plan_budget_for, resolve_config
     from .evaluation import METRICS
     from .pipeline import resumable, resume, start
-    from .planning import plan_budget_for
 
     if args.nproc < 1:
         raise DpsynthError(f"--nproc must be at least 1, got {args.nproc}")
@@ -369,7 +367,7 @@ def _run(args: argparse.Namespace) -> None:
         config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
                                 data_dir=args.data_dir, overrides=overrides)
         if args.nproc > 1:
-            plan_budget_for(run_config_of(config), dataset_from_config(config).info)  # bad input stops here
+            plan_budget_for(config, dataset_from_config(config).info)  # bad input stops here, before any process
             _run_processes(args)
             return
         run = start(config, began)

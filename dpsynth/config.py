@@ -15,7 +15,7 @@ from .errors import ConfigError
 Config = dict[str, Any]
 
 ACCOUNTANTS = ("pld", "rdp")  # the privacy accountants (dpsynth.privacy.accountant) a config may name
-SCHEMA = 5  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
+SCHEMA = 6  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
 
 
 S = TypeVar("S")
@@ -99,21 +99,14 @@ class PrivacySettings(Section):
     so the bound holds for any number; this caps the work). ``epsilon_reason``: why this ε (free text, on the
     datasheet); ``total_epsilon``: the holder's cap on the ε of every release from the same data together, which
     refuses a run before it starts; ``holder_ledger``: the file that lists those releases
-    (:mod:`dpsynth.privacy.releases`). ``noisy_dataset_size``, ``noisy_shape`` ([channels,
-    side]), ``noisy_window`` (shares of the full range) and ``noisy_images_per_group`` (the noisy mean of a person's
-    images, capped, that a derived plan prices a step by) are written by a run, never by the user
-    (:data:`RUN_WRITTEN`)."""
+    (:mod:`dpsynth.privacy.releases`). What a run's mechanisms draw is kept beside the sections (:class:`Drawn`)."""
 
     section: ClassVar[str] = "privacy"
     epsilon: float = 10.0  # positive or inf: the accountant checks it (dpsynth.privacy.accountant.check_epsilon)
     delta: float | None = None
     accountant: str = one_of(*ACCOUNTANTS, default="pld")
     dataset_size: int | Literal["auto", "noisy"] = positive(default="auto")
-    noisy_dataset_size: int | None = None
-    noisy_shape: tuple[int, ...] | None = None
-    noisy_window: tuple[float, ...] | None = None
     max_images_per_group: int = positive(default=16)
-    noisy_images_per_group: float | None = None
     epsilon_reason: str | None = None  # free text: why this epsilon, as the holder's officer agreed it
     total_epsilon: float | None = positive(default=None)  # the holder's cap on all releases from this data together
     holder_ledger: str | None = None  # None: $DPSYNTH_RELEASES, else ~/.local/share/dpsynth/releases.json
@@ -134,6 +127,21 @@ class PlanSettings(Section):
     decisions: tuple[str, ...] | None = None
     expected_seconds: dict | None = None
     force: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drawn(Section):
+    """What a run's DP mechanisms drew from the private data before its method ran, each recorded in its ledger
+    (:mod:`dpsynth.privacy.dataset_facts`): the training set's noisy size, the shape ([channels, side]) and the 16-bit
+    window (shares of the full range) a DP vote of a folder's images decided, and the noisy mean of a person's
+    images (capped) a derived plan prices a step by. A record of the run's, kept in its config.yaml beside the
+    user's sections (``drawn``), never one of them: only a run writes it (:data:`RUN_WRITTEN`)."""
+
+    section: ClassVar[str] = "drawn"
+    dataset_size: int | None = None
+    shape: tuple[int, ...] | None = None
+    window: tuple[float, ...] | None = None
+    images_per_group: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,24 +236,24 @@ BASE_CONFIG: Config = {name: section_defaults(kind) for name, kind in SHARED_BY_
 # Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published
 # under a DP label without the noise behind it, so --set, presets and a fresh run refuse them.
 RUN_WRITTEN = {
-    "privacy.noisy_dataset_size": "the noisy count of the training set's size; to publish the size without "
-                                  "noise, declare it: privacy.dataset_size=N",
-    "privacy.noisy_window": "the 16-bit window a DP vote of a folder's images decided; to choose it without noise, "
-                            "declare it: dataset.window=[low, high]",
-    "privacy.noisy_shape": "the shape a DP vote of a folder's images decided; to choose it without noise, declare "
-                           "it: dataset.resolution=R and dataset.channels=C",
-    "privacy.noisy_images_per_group": "the noisy mean of images a derived plan read per person; to price a step "
-                                      "without noise, declare the most a person has: privacy.max_images_per_group=K",
+    "drawn.dataset_size": "the noisy count of the training set's size; to publish the size without noise, declare "
+                          "it: privacy.dataset_size=N",
+    "drawn.window": "the 16-bit window a DP vote of a folder's images decided; to choose it without noise, declare "
+                    "it: dataset.window=[low, high]",
+    "drawn.shape": "the shape a DP vote of a folder's images decided; to choose it without noise, declare it: "
+                   "dataset.resolution=R and dataset.channels=C",
+    "drawn.images_per_group": "the noisy mean of images a derived plan read per person; to price a step without "
+                              "noise, declare the most a person has: privacy.max_images_per_group=K",
 }
 
 
 def with_drawn(config: RunConfig, **values: Any) -> RunConfig:
-    """A copy of ``config`` holding what a run's DP mechanisms drew: ``noisy_shape=[3, 64]`` sets
-    ``privacy.noisy_shape`` (each a key of :data:`RUN_WRITTEN`); the one way a drawn value enters a config."""
-    for name, value in values.items():
-        assert f"privacy.{name}" in RUN_WRITTEN, name  # a programming error, not the user's
-        config = config.with_value(f"privacy.{name}", value, "the run")
-    return config
+    """A copy of ``config`` whose :class:`Drawn` record holds ``values`` too (``shape=[3, 64]``): the one way a drawn
+    value enters a run's configuration."""
+    assert all(f"drawn.{name}" in RUN_WRITTEN for name in values), values  # a programming error, not the user's
+    record = config.to_dict()
+    record["drawn"] = {**record.get("drawn", {}), **values}
+    return RunConfig(record, config.kinds)
 
 
 def with_decisions(config: RunConfig, decisions: Sequence[str]) -> RunConfig:
@@ -420,10 +428,12 @@ def load_config(text: str, source: str) -> Config:
 @dataclass(frozen=True)
 class Migration:
     """What configs older than ``schema`` meant by keys they lack whose default would change how they ran: each
-    key (``section.key``) with the value that keeps it, set in the sections such a config has."""
+    key (``section.key``) with the value that keeps it, set in the sections such a config has; and the keys that
+    moved, each to its new ``section.key`` (a value of None is dropped: the new place's default)."""
 
     schema: int
-    old_values: Mapping[str, Any]
+    old_values: Mapping[str, Any] = field(default_factory=dict)
+    moved: Mapping[str, str] = field(default_factory=dict)  # an old key -> where its value is kept now
 
 
 # The steps from older configs, in order. A key added with a default that keeps older runs' behaviour needs no step
@@ -432,6 +442,10 @@ MIGRATIONS = (
     # schema 0 (no ``schema`` key): class rows started at the null row, DDIM sampled throughout
     Migration(1, {"model.init_from": None, "model.class_start": "shared", "diffusion.sampler": "ddim",
                   "diffusion.guidance_interval": [0.0, 1.0]}),
+    # schema 5 and older: what the run drew was kept in its privacy section
+    Migration(6, moved={"privacy.noisy_dataset_size": "drawn.dataset_size", "privacy.noisy_shape": "drawn.shape",
+                        "privacy.noisy_window": "drawn.window",
+                        "privacy.noisy_images_per_group": "drawn.images_per_group"}),
 )
 
 
@@ -458,7 +472,29 @@ def migrate(config: Config, source: str) -> Config:
             section, leaf = key.split(".")
             if isinstance(migrated.get(section), dict):
                 migrated[section].setdefault(leaf, copy.deepcopy(value))
+        migrated = moved_keys(migrated, step.moved) if version < step.schema else migrated
     return with_defaults(migrated, BASE_CONFIG)
+
+
+def moved_keys(config: Config, moved: Mapping[str, str]) -> Config:
+    """``config`` with each key of ``moved`` it holds at its new place (dropped where its value is None)."""
+    for old, new in moved.items():
+        section, leaf = old.split(".")
+        if not isinstance(config.get(section), dict) or leaf not in config[section]:
+            continue
+        value = config[section].pop(leaf)
+        if value is not None:
+            place, name = new.split(".")
+            config.setdefault(place, {})[name] = value
+    return config
+
+
+def migrated_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's fixed settings (dotted keys) as this dpsynth names them: each moved key at its new place,
+    dropped where its value is None."""
+    renamed = {old: new for step in MIGRATIONS for old, new in step.moved.items()}
+    return {renamed.get(key, key): value for key, value in settings.items()
+            if key not in renamed or value is not None}
 
 
 def with_defaults(config: Config, defaults: Config) -> Config:
@@ -497,6 +533,16 @@ class RunConfig(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+    @property
+    def kinds(self) -> dict[str, type]:
+        """Each section's settings class."""
+        return dict(self._kinds)
+
+    @property
+    def drawn(self) -> Drawn:
+        """What the run's DP mechanisms drew (:class:`Drawn`; nothing before they ran)."""
+        return self.read(Drawn, Drawn.section)
 
     def section(self, name: str) -> Any:
         """Section ``name`` as its settings class reads it."""

@@ -269,7 +269,7 @@ def _public(report: dict[str, Any], info: DatasetInfo, config: RunConfig) -> lis
              f"- The training set's size, {about}{report['dataset_size']:,} {unit}s: "
              f"{SIZE_RULES[report['dataset_size_rule']]}."]
     if info.pixel_rule:
-        how = ("voted with the image size" if privacy.noisy_window is not None else
+        how = ("voted with the image size" if config.drawn.window is not None else
                "declared by the data holder (`dataset.window`)" if dataset.window not in ("auto", "full") else
                "the rule dpsynth applies to every folder")
         lines.append(f"- How pixel values became 8 bits: {info.pixel_rule} ({how}).")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .api import dataset_from_config, load_generator, resolve_config
+from .api import dataset_from_config, load_generator, plan_budget_for, resolve_config
 from .config import ReleaseSettings, SamplingSettings
 from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
@@ -32,7 +32,6 @@ from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
 from .methods import get_method, run_config_of
 from .pipeline import execute, resume
-from .planning import plan_budget_for
 from .privacy import Accountant, PrivacyLedger, check_within_plan
 from .runs import LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory
 from .utils.device import pick_device

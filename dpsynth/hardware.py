@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .config import DatasetSettings, EvaluationSection, PrivacySettings, RunConfig, RunSettings, SamplingSettings
+from .config import DatasetSettings, EvaluationSection, RunConfig, RunSettings, SamplingSettings
 from .errors import ConfigError
 
 AUTO = "auto"
@@ -153,9 +153,8 @@ def sampling_rows(config: RunConfig) -> int:
 
 
 def _side(config: RunConfig) -> int:
-    """The release's side: declared, else the DP vote's (``privacy.noisy_shape``), else :data:`COMPILE_SIDE`."""
-    resolution = DatasetSettings.of(config).resolution
-    voted = PrivacySettings.of(config).noisy_shape
+    """The release's side: declared, else the DP vote's (``drawn.shape``), else :data:`COMPILE_SIDE`."""
+    resolution, voted = DatasetSettings.of(config).resolution, config.drawn.shape
     return resolution if isinstance(resolution, int) else int(voted[1]) if voted else COMPILE_SIDE
 
 

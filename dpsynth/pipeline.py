@@ -17,7 +17,6 @@ from .api import dataset_from_config, stored_config, validate_config
 from .autoplan.plan import budget_held
 from .autoplan.rules import parse_duration
 from .config import (
-    RUN_WRITTEN,
     Config,
     DatasetSettings,
     PlanSettings,
@@ -103,7 +102,7 @@ def start(config: Mapping[str, Any], began: float | None = None) -> RunDirectory
     the directory and plans for every rank). ``began``: the ``time.perf_counter()`` at which the caller's
     command began, from which a derived plan's ``plan.time_budget`` counts (default: now)."""
     began = time.perf_counter() if began is None else began
-    check_not_run_written([key for key in RUN_WRITTEN if get_value(config, key) is not None], "a new run's config:")
+    check_not_run_written(flat_keys(config), "a new run's config:")
     config = run_config_of(config)
     device = pick_device(RunSettings.of(config).device)
     world = World.from_environment(device)
@@ -319,11 +318,11 @@ def _with_shape(run: RunDirectory, config: RunConfig) -> RunConfig:
     none was drawn yet (a bench cell before its first start); DpsynthError for a run that trained at a shape the exact
     images chose (started by a dpsynth before the vote): it cannot resume under the rule that keeps the shape
     private."""
-    if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
+    if not draws_noisy_shape(config) or config.drawn.shape is not None:
         return config
     if run.file(CHECKPOINT).exists():
         raise DpsynthError(f"{run.path}: this run was started by a dpsynth that read the folder at the shape its exact "
-                           "images chose (dataset.resolution or dataset.channels auto, no privacy.noisy_shape); it "
+                           "images chose (dataset.resolution or dataset.channels auto, no drawn.shape); it "
                            "cannot resume under the rule that decides the shape by a DP vote: start it again, or "
                            "declare the shape (dataset.resolution, dataset.channels) for the new run")
     config = with_noisy_shape(config)
@@ -356,7 +355,7 @@ def _released(run: RunDirectory, config: RunConfig, ledger: PrivacyLedger, repor
 
 def _with_size(run: RunDirectory, dataset: Dataset) -> RunConfig:
     """The run's config, with a noisy count of the private set's size drawn and written to config.yaml
-    (``privacy.noisy_dataset_size``) when the size is not public and none was drawn yet."""
+    (``drawn.dataset_size``) when the size is not public and none was drawn yet."""
     config = _run_config(run)
     if with_public_size(config, dataset).info.size_rule != "private":
         return config
@@ -364,7 +363,7 @@ def _with_size(run: RunDirectory, dataset: Dataset) -> RunConfig:
         raise DpsynthError(f"{run.path}: this run was started by a dpsynth that planned with the exact size of "
                            "private data; it cannot resume under the rule that keeps that size private: start it "
                            "again")
-    config = with_drawn(config, noisy_dataset_size=noisy_total(dataset, config))
+    config = with_drawn(config, dataset_size=noisy_total(dataset, config))
     run.write_config(config)
     return config
 

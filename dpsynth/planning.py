@@ -7,7 +7,6 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -37,7 +36,6 @@ from .privacy import (
     Event,
     PlannedStage,
     SubsampledGaussianMechanism,
-    budget_report,
     default_delta,
     non_private_stages,
     plan_budget,
@@ -59,13 +57,13 @@ from .training.upscaler import default_upscaler
 def with_public_size(config: RunConfig, dataset: Dataset) -> Dataset:
     """``dataset`` with the public size of its training split under ``privacy.dataset_size``: ``auto``, the
     published size of a standard set, else a noisy count; ``noisy``, a noisy count always (once a run drew it:
-    ``privacy.noisy_dataset_size``; until then the size stays private); a number, the declared size of the whole
+    ``drawn.dataset_size``; until then the size stays private); a number, the declared size of the whole
     set, from which the training split's follows as the split rules take it."""
     privacy, info = PrivacySettings.of(config), dataset.info
     rule = privacy.dataset_size
     if rule == "auto" and info.size_rule == "published":
         return dataset
-    total, how = (rule, "declared") if isinstance(rule, int) else (privacy.noisy_dataset_size, "noisy")
+    total, how = (rule, "declared") if isinstance(rule, int) else (config.drawn.dataset_size, "noisy")
     if total is None:
         return replace(dataset, info=replace(info, public_train=None, size_rule="private"))
     size = train_size(int(total), *held_out_of(config), info.official_test,
@@ -155,12 +153,6 @@ def check_total_epsilon(config: RunConfig, info: DatasetInfo, budget: BudgetPlan
                           "shared (`dpsynth budget --not-shared RUN`), lower privacy.epsilon, or raise the cap")
 
 
-def plan_budget_for(config: RunConfig, info: DatasetInfo) -> BudgetPlan:
-    """Calibrate the stages of ``config``'s method so the whole run on ``info``'s training split meets the
-    target (:func:`method_budget` of the method built from it)."""
-    return method_budget(create_method(config), info)
-
-
 def method_budget(method: Method, info: DatasetInfo) -> BudgetPlan:
     """Calibrate ``method``'s stages so the whole run on ``info``'s training split meets its config's target."""
     config = method.config
@@ -242,18 +234,18 @@ def planned_config(config: RunConfig, dataset: Dataset, device: torch.device, dr
     fit the data.
 
     A plan (derived, or a fixed preset's check) reads N, so where the size is private it follows the noisy count,
-    which ``draw_size`` (a run) draws now, before the plan (``privacy.noisy_dataset_size``; the run records its
-    mechanism); without it (a plan shown to the data holder) the exact size is used, as :func:`plan_privacy` uses
-    it."""
+    which ``draw_size`` (a run) draws now, before the plan (``drawn.dataset_size``; the run records its
+    mechanism); without it (a plan shown to the data holder) the exact size is used, as
+    :func:`~dpsynth.api.plan_privacy` uses it."""
     from .autoplan.plan import derive_config
 
     began = time.perf_counter()
     if draw_size and with_public_size(config, dataset).info.size_rule == "private":
-        config = with_drawn(config, noisy_dataset_size=noisy_total(dataset, config))
+        config = with_drawn(config, dataset_size=noisy_total(dataset, config))
     dataset = with_public_size(config, dataset)
     if draw_size and draws_images_per_group(config, dataset.info) and \
-            PrivacySettings.of(config).noisy_images_per_group is None:
-        config = with_drawn(config, noisy_images_per_group=noisy_images_per_group(dataset, config))
+            config.drawn.images_per_group is None:
+        config = with_drawn(config, images_per_group=noisy_images_per_group(dataset, config))
     config = with_training_side(config, dataset.info, device)
     info = training_info(config, dataset.info)
     if draw_size and info.release_side is not None and preset_name(config) == AUTO_PRESET:
@@ -352,13 +344,3 @@ def format_derived_plan(config: RunConfig) -> str:
                                                      in expected.items() if phase != "total")
                  + f"; total {expected['total'] / 60:.1f} min")
     return "\n".join(lines)
-
-
-def plan_privacy(config: RunConfig, info: DatasetInfo, plan: BudgetPlan | None = None) -> dict[str, Any]:
-    """The run's privacy plan (``plan``, else calibrated now): each stage's noise (one calibrated) and share of the
-    target epsilon."""
-    plan = plan or plan_budget_for(config, info)
-    report = budget_report(plan.stages, plan.accountant, plan.delta)
-    return {"target_epsilon": plan.target, "dataset_size": info.num_train, "dataset_size_rule": info.size_rule,
-            **report}
-

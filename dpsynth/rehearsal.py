@@ -18,7 +18,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-from .api import dataset_from_config
+from .api import dataset_from_config, plan_budget_for
 from .autoplan.rules import EVALUATION_CUTS
 from .config import (
     Config,
@@ -35,7 +35,7 @@ from .distributed import World
 from .errors import ConfigError, DataError
 from .methods import create_method, get_method, run_config_of
 from .pipeline import execute
-from .planning import BudgetPlan, plan_budget_for, planned_config, training_dataset, with_public_size
+from .planning import BudgetPlan, planned_config, training_dataset, with_public_size
 from .privacy import Accountant, PlannedStage, SubsampledGaussianMechanism
 from .privacy.events import Event
 from .runs import REHEARSAL, RunDirectory, run_name

@@ -47,6 +47,7 @@ from .config import (
     dump_config,
     load_config,
     method_name,
+    migrated_settings,
 )
 from .errors import DpsynthError
 from .privacy import LedgerPlan, PrivacyLedger
@@ -200,7 +201,7 @@ class RunDirectory:
         ledger = PrivacyLedger(self.file(LEDGER), plan=plan)
         if self.file(CHECKPOINT).exists():
             saved = self._read_checkpoint()
-            _check_settings(saved.get("settings", {}), settings, self.file(CONFIG))
+            _check_settings(migrated_settings(saved.get("settings", {})), settings, self.file(CONFIG))
             state = Checkpoint.from_dict(saved["state"], self.file(CHECKPOINT))
             ledger = PrivacyLedger.from_dict(saved["ledger"], self.file(LEDGER), plan)
         on_disk = self.ledger()

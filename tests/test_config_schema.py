@@ -15,17 +15,19 @@ from dpsynth.cli import main
 from dpsynth.config import (
     BASE_CONFIG,
     SCHEMA,
+    Drawn,
     PrivacySettings,
     RunSettings,
     build_config,
     dump_config,
     get_value,
     load_config,
+    migrated_settings,
     section_settings,
 )
 from dpsynth.diffusion.settings import DiffusionSettings, UNetSettings
 from dpsynth.errors import ConfigError
-from dpsynth.methods import METHODS
+from dpsynth.methods import METHODS, get_method
 from dpsynth.training.private import DiffusionDpsgdSection
 
 
@@ -65,7 +67,7 @@ def test_a_schema_1_file_reads_as_it_ran_its_16_bit_window_at_the_default():
     old = copy.deepcopy(config)
     old["schema"] = 1
     for section, key in (("dataset", "window"), ("dataset", "cache_dir"), ("dataset", "title"),
-                         ("dataset", "description"), ("privacy", "noisy_window")):
+                         ("dataset", "description")):
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")
     stored_config(migrated, "config.yaml")
@@ -84,8 +86,7 @@ def test_a_schema_2_file_reads_as_it_ran_releasing_no_model():
 def test_a_schema_3_file_reads_as_it_ran_at_the_data_side_unforced():
     config = resolve_config("dpdm", dataset="digits", preset="cpu")
     old = {**copy.deepcopy(config), "schema": 3}
-    for section, key in (("plan", "force"), ("dataset", "train_resolution"), ("release", "upscaler"),
-                         ("privacy", "noisy_images_per_group")):
+    for section, key in (("plan", "force"), ("dataset", "train_resolution"), ("release", "upscaler")):
         del old[section][key]
     migrated = load_config(dump_config(old), "config.yaml")
     stored_config(migrated, "config.yaml")
@@ -103,6 +104,19 @@ def test_a_schema_4_file_reads_as_it_ran_with_no_holder_fields_and_no_cap():
     migrated = load_config(dump_config(old), "config.yaml")
     stored_config(migrated, "config.yaml")
     assert migrated == config and all(migrated[section][key] is None for section, key in holder)
+
+
+def test_a_schema_5_file_keeps_what_its_run_drew_in_the_drawn_record_not_in_its_privacy_section():
+    config = resolve_config("dpdm", dataset="folder", preset="cpu")
+    old = {**copy.deepcopy(config), "schema": 5}
+    old["privacy"] |= {"noisy_dataset_size": 1700, "noisy_shape": [1, 28], "noisy_window": None,
+                       "noisy_images_per_group": None}
+    migrated = load_config(dump_config(old), "config.yaml")
+    stored_config(migrated, "config.yaml")
+    assert migrated == {**config, "drawn": {"dataset_size": 1700, "shape": [1, 28]}}
+    assert get_method("dpdm").run_config(migrated).drawn == Drawn(dataset_size=1700, shape=(1, 28))
+    checkpointed = {"privacy.noisy_shape": [1, 28], "privacy.noisy_window": None, "privacy.epsilon": 10.0}
+    assert migrated_settings(checkpointed) == {"drawn.shape": [1, 28], "privacy.epsilon": 10.0}
 
 
 def test_a_file_without_what_a_run_is_is_refused_not_filled_in():
@@ -192,9 +206,13 @@ def test_a_run_written_before_a_key_existed_resumes_with_the_key_at_its_default(
     for key in newer:
         section, leaf = key.split(".")
         del written[section][leaf]
+    drawn_in_privacy = {"noisy_dataset_size": None, "noisy_shape": None, "noisy_window": None,
+                        "noisy_images_per_group": None}  # where schema 5 kept what a run drew
+    written["schema"], written["privacy"] = 5, {**written["privacy"], **drawn_in_privacy}
     run.file("config.yaml").write_text(dump_config(written))
     saved = torch.load(run.file("checkpoint.pt"), weights_only=True)
     saved["settings"] = {key: value for key, value in saved["settings"].items() if key not in newer}
+    saved["settings"] |= {f"privacy.{key}": value for key, value in drawn_in_privacy.items()}
     torch.save(saved, run.file("checkpoint.pt"))
     assert main(["run", "--resume", str(run.path)]) == 0
     assert [get_value(run.config(), key) for key in newer] == [get_value(config, key) for key in newer]

@@ -88,7 +88,7 @@ def test_the_logged_compile_choice_counts_the_voted_side():
     dpdm = METHODS["dpdm"]
     choices = hardware_choices(dpdm.run_config(config), torch.device("cpu"), work // 1000)["choices"]
     assert work < 50_000 and not choices["sampling.compile"]["value"]
-    voted = with_drawn(dpdm.run_config(config), noisy_shape=[3, 128])  # what a folder's shape vote draws
+    voted = with_drawn(dpdm.run_config(config), shape=[3, 128])  # what a folder's shape vote draws
     assert hardware_choices(voted, torch.device("cpu"), sample_steps(voted))["choices"]["sampling.compile"]["value"]
 
 

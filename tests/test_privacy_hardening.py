@@ -200,13 +200,13 @@ def test_a_run_that_trained_at_the_exact_images_shape_is_not_resumed_and_a_fresh
                                        "dataset.val_size=1", "dataset.test_size=1", "dataset.channels=1"])
     fresh = RunDirectory.create(run_config_of(config))  # as a bench cell starts: nothing drawn, nothing run
     resume(str(fresh.path))
-    assert fresh.config()["privacy"]["noisy_shape"] is not None
+    assert fresh.config()["drawn"]["shape"] is not None
     assert SHAPE.stage in PrivacyLedger.load(fresh.file("ledger.json")).stages()
     old = RunDirectory.create(run_config_of(config))  # as a dpsynth before the vote: trained at the exact shape
     old.file("checkpoint.pt").write_bytes(b"")
     with pytest.raises(DpsynthError, match="shape its exact images chose.*start it again"):
         resume(str(old.path))
-    assert old.config()["privacy"]["noisy_shape"] is None
+    assert "drawn" not in old.config()
 
 
 def test_a_fixed_preset_plans_with_the_noisy_count_drawn_before_it(own_npz):
@@ -214,7 +214,7 @@ def test_a_fixed_preset_plans_with_the_noisy_count_drawn_before_it(own_npz):
                             overrides=["run.device=cpu", "dpsgd.batch_size=64"])
     planned, dataset = planned_config(run_config_of(config), dataset_from_config(config), torch.device("cpu"),
                                       draw_size=True)
-    assert planned["privacy"]["noisy_dataset_size"] is not None and dataset.info.size_rule == "noisy"
+    assert planned.drawn.dataset_size is not None and dataset.info.size_rule == "noisy"
     assert plan_budget_for(planned, dataset.info).size == dataset.info.public_train
 
 

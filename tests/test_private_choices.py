@@ -21,7 +21,7 @@ from dpsynth.api import (
     resolve_delta,
     with_public_size,
 )
-from dpsynth.config import set_value
+from dpsynth.config import with_drawn
 from dpsynth.data import load_dataset
 from dpsynth.data.folder import FOLDER_SIDES, ShapeVotes, folder_votes
 from dpsynth.data.sources import LoadOptions
@@ -97,8 +97,7 @@ def test_a_dp_vote_decides_alike_on_neighbouring_folders(tmp_path):
     for name in ("less", "more"):
         config = resolve_config("dp-merf", dataset="folder", data_dir=str(tmp_path / name), epsilon=1.0)
         with pytest.warns(UserWarning, match="so few images vote that the noise decides more than they do"):
-            drawn = [tuple(with_noisy_shape(run_config_of(seeded(config, seed)))["privacy"]
-                           ["noisy_shape"]) for seed in range(300)]
+            drawn = [with_noisy_shape(run_config_of(seeded(config, seed))).drawn.shape for seed in range(300)]
         shares[name] = {shape: drawn.count(shape) / len(drawn) for shape in set(drawn)}
     for shape in set(shares["less"]) | set(shares["more"]):
         assert abs(shares["less"].get(shape, 0) - shares["more"].get(shape, 0)) < 0.1, shape
@@ -122,7 +121,7 @@ def test_neighbouring_folders_both_pay_for_their_shape_and_a_declared_one_pays_n
         assert report["stages"][0]["name"] == SHAPE.stage
         assert report["stages"][0]["mechanisms"][0]["noise_multiplier"] == SHAPE.noise
         assert PrivacyLedger.load(run.file("ledger.json")).stages()[SHAPE.stage] == [GaussianMechanism(SHAPE.noise)]
-        channels, side = run.config()["privacy"]["noisy_shape"]
+        channels, side = run.config()["drawn"]["shape"]
         with np.load(run.file("release/synthetic.npz")) as release:
             assert release["images"].shape[1:] == (channels, side, side)
         assert run.config()["dataset"]["channels"] == "auto" and side == 28  # the draw kept apart from the setting
@@ -131,7 +130,7 @@ def test_neighbouring_folders_both_pay_for_their_shape_and_a_declared_one_pays_n
     declared = folder_run(tmp_path, "more", "dataset.resolution=28", "dataset.channels=1")
     report = json.loads(declared.file("release/privacy.json").read_text())
     assert SHAPE.stage not in [stage["name"] for stage in report["stages"]]
-    assert declared.config()["privacy"]["noisy_shape"] is None
+    assert "drawn" not in declared.config()
     assert "(1 x 28 x 28): declared by the data holder" in declared.file("release/README.md").read_text()
 
 
@@ -182,13 +181,13 @@ def test_a_standard_set_one_image_short_follows_the_published_rule(tmp_path):
     assert plans["full"] == plans["short"] and SIZE.stage not in [stage["name"] for stage in plans["short"]["stages"]]
 
 
-@pytest.mark.parametrize("key, value", [("privacy.noisy_dataset_size", 1797), ("privacy.noisy_shape", [1, 28])])
+@pytest.mark.parametrize("key, value", [("drawn.dataset_size", 1797), ("drawn.shape", [1, 28])])
 def test_only_a_run_writes_what_its_mechanisms_drew(tmp_path, key, value):
     done = dpsynth_main("privacy", "dp-merf", "--dataset", "digits", "--epsilon", "5", "--set",
                         f"{key}={json.dumps(value)}")
     assert done.code == 2 and f"--set {key}: only a run writes this key" in done.err
     config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, overrides=[f"run.out_dir={tmp_path}"])
-    set_value(config, key, value)  # a config edited by hand, given to the Python API
+    config["drawn"] = {key.split(".")[1]: value}  # a config edited by hand, given to the Python API
     with pytest.raises(ConfigError, match=f"a new run's config: {key}: only a run writes this key"):
         start(config)
     assert not list(tmp_path.iterdir())  # refused before a run directory exists
@@ -211,7 +210,7 @@ def test_a_noisy_count_below_what_the_splits_need_is_clamped_not_refused(tmp_pat
         totals = [noisy_total(dataset, seeded(config, seed)) for seed in range(20)]
     assert min(totals) == 6 and max(totals) > 6  # about half the draws fall below 6, and are raised to it
     for total in set(totals):
-        drawn = {**config, "privacy": {**config["privacy"], "noisy_dataset_size": total}}
+        drawn = with_drawn(run_config_of(config), dataset_size=total)
         assert with_public_size(drawn, dataset).info.num_train == total - 4
         assert resolve_delta(drawn, with_public_size(drawn, dataset).info.num_train) > 0
 
@@ -237,7 +236,7 @@ def test_a_derived_plan_on_own_data_reads_the_noisy_count_not_the_exact_size(tmp
                             overrides=["run.seed=3", "plan.time_budget=3m", "evaluation.enabled=false"])
     exact = dataset_from_config(config)
     planned, public = planned_config(run_config_of(config), exact, torch.device("cpu"), draw_size=True)
-    noisy = planned["privacy"]["noisy_dataset_size"]
+    noisy = planned.drawn.dataset_size
     assert public.info.size_rule == "noisy" and public.info.num_train == noisy - 2 * round(0.1 * noisy)
     assert public.info.num_train != exact.info.split_sizes["train"]
     batch, epochs = planned["dpsgd"]["batch_size"], planned["dpsgd"]["epochs"]

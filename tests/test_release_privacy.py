@@ -109,7 +109,7 @@ def test_a_standard_set_releases_its_published_size_and_own_data_a_noisy_count(t
         own = tiny_run(tmp_path, "npz", own_npz, "run.seed=1")
     report = json.loads(own.file("release/privacy.json").read_text())
     exact = load_dataset("npz", own_npz).info.split_sizes["train"]
-    noisy_total = own.config()["privacy"]["noisy_dataset_size"]
+    noisy_total = own.config()["drawn"]["dataset_size"]
     assert abs(noisy_total - 1797) < 6 * SIZE.noise and noisy_total != 1797
     assert report["dataset_size_rule"] == "noisy" and report["dataset_size"] == noisy_total - 2 * round(
         0.1 * noisy_total)

@@ -214,7 +214,7 @@ def test_a_scan_folder_of_16_bit_pngs_and_dicom_files_runs_end_to_end(tmp_path):
     assert report["unit"].startswith("one person (all of a person's images, from a sub-folder per person)")
     with np.load(run / "release" / "synthetic.npz") as release:
         assert release["images"].shape[1:] in ((1, 28, 28), (3, 28, 28))
-    window = yaml.safe_load((run / "config.yaml").read_text())["privacy"]["noisy_window"]
+    window = yaml.safe_load((run / "config.yaml").read_text())["drawn"]["window"]
     assert window is None or 0 <= window[0] < window[1] <= 1  # drawn with the shape, as shares of the full range
 
 

@@ -206,15 +206,14 @@ def derive_config(config: RunConfig, info: DatasetInfo, device: torch.device, sp
     if plan.probe is not None:  # derived already
         return config
     shape = method_shape(method_cls)
-    privacy = config.section("privacy")
-    inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
+    inputs = plan_inputs(info, device, group_images(config))
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
     side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
     config, decisions = deepened(method_cls, config, side, kept)
     decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
     chunked_config, decisions = chunked(method_cls, config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
-        decisions.append(group_price(privacy, inputs.images_per_unit))
+        decisions.append(group_price(config, inputs.images_per_unit))
     probed = method_cls(chunked_config)  # the method at the chunked config, whose probes price the plan
     throughput, words = sustained(measure(probed, chunked_config, inputs, device), device)
     decisions += words
@@ -256,8 +255,7 @@ def budget_held(config: RunConfig, info: DatasetInfo, device: torch.device, elap
     ratio = fitted / max(expected["total"] - expected["evaluation"] - expected["startup"], 1.0)
     budget = parse_duration(plan.time_budget)
     left, slack = budget - elapsed, HOLD_SLACK * budget
-    privacy = PrivacySettings.of(config)
-    inputs = plan_inputs(info, device, privacy.noisy_images_per_group or privacy.max_images_per_group)
+    inputs = plan_inputs(info, device, group_images(config))
     method = get_method(method_name(config))
     changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe),
                                        method.releases_soft_labels, left, max(ratio, 1.0), plan.user_keys,
@@ -284,9 +282,16 @@ def uncut_evaluation(method: type[Method], base: str | None) -> dict[str, Any]:
     return {key: getattr(settings, key.split(".", 1)[1]) for cut in EVALUATION_CUTS for key in cut}
 
 
-def group_price(privacy: PrivacySettings, images: float) -> str:
+def group_images(config: RunConfig) -> float:
+    """The images a plan prices a person's share of a DP-SGD step at: the run's noisy mean of them where it drew one,
+    else the most a step reads (``privacy.max_images_per_group``)."""
+    return config.drawn.images_per_group or PrivacySettings.of(config).max_images_per_group
+
+
+def group_price(config: RunConfig, images: float) -> str:
     """How a person's share of a DP-SGD step is priced, in words."""
-    if privacy.noisy_images_per_group is not None:
+    privacy = PrivacySettings.of(config)
+    if config.drawn.images_per_group is not None:
         return (f"a person's share of a step is priced at {images:g} images: a noisy mean of their images, each "
                 f"person's capped at privacy.max_images_per_group {privacy.max_images_per_group} (stage "
                 "images-per-group)")

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..api import dataset_from_config, resolve_config
+from ..api import dataset_from_config, plan_budget_for, resolve_config
 from ..config import (
     BASE_CONFIG,
     Config,
@@ -50,7 +50,6 @@ from ..diffusion.pretrain import finished_pretraining
 from ..errors import ConfigError, DpsynthError
 from ..evaluation import METRICS
 from ..methods import METHODS, get_method, run_config_of
-from ..planning import plan_budget_for
 from ..runs import CONFIG, PRIVACY, RunDirectory
 from .results import ATTEMPTS, OUTPUT, machine_type, write_results
 
@@ -144,7 +143,7 @@ def _configs(spec: BenchSpec, out: Path) -> dict[Cell, Config]:
     infos = {name: dataset_from_config(next(c for cell, c in configs.items() if cell.dataset == name)).info
              for name in spec.datasets}
     for cell, config in configs.items():
-        plan_budget_for(run_config_of(config), infos[cell.dataset])
+        plan_budget_for(config, infos[cell.dataset])
     return configs
 
 
@@ -207,10 +206,10 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
 
 def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
     """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing); a key
-    the stored config lacks (a cell made before the key existed) matches its default value; the hardware record
-    and :data:`LOCATION_KEYS` are not compared."""
+    the stored config lacks (a cell made before the key existed) matches its default value; the run's records (of
+    its hardware, of what it drew) and :data:`LOCATION_KEYS` are not compared."""
     keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted))
-                  if not key.startswith("hardware.") and key not in LOCATION_KEYS)
+                  if not key.startswith(("hardware.", "drawn.")) and key not in LOCATION_KEYS)
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
              if old != new and not (old == ABSENT and new == _default(key, wanted.get("method")))]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..autoplan.recipes import HOLDER_SIDE, Recipe
 from ..autoplan.rules import parse_duration
-from ..config import Config, DatasetSettings, PlanSettings, PrivacySettings, method_name, preset_name
+from ..config import Config, DatasetSettings, Drawn, PlanSettings, method_name, preset_name
 from ..runs import REHEARSAL
 from .frontier import RELEASED_SHAPE
 from .regime import class_count, data_name, provenance, public_units, recorded_config, trained_side
@@ -64,7 +64,7 @@ def released_channels(run: Path, config: Config) -> int:
     stated = RELEASED_SHAPE.search(readme.read_text()) if readme.is_file() else None
     if stated:
         return int(stated[1])
-    declared, drawn = DatasetSettings.of(config).channels, PrivacySettings.of(config).noisy_shape
+    declared, drawn = DatasetSettings.of(config).channels, Drawn.of(config).shape
     return int(declared) if isinstance(declared, int) else int(drawn[0])
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..autoplan.regime import Outcome, Start
-from ..config import Config, DatasetSettings, PrivacySettings, load_config, method_name
+from ..config import Config, DatasetSettings, Drawn, load_config, method_name
 from ..methods import create_method, get_method
 from ..planning import TRAINING_STAGE
 from ..runs import CONFIG, PRIVACY, REHEARSAL
@@ -75,7 +75,7 @@ def data_name(config: Config) -> str:
 
 def trained_side(run: Path, config: Config) -> int:
     """The side the run trained at: declared, drawn by its shape vote, stated by its datasheet, or the set's own."""
-    dataset, drawn = DatasetSettings.of(config), PrivacySettings.of(config).noisy_shape
+    dataset, drawn = DatasetSettings.of(config), Drawn.of(config).shape
     if isinstance(dataset.train_resolution, int):  # read smaller than the data, the release lifted back
         return dataset.train_resolution
     if isinstance(dataset.resolution, int):

@@ -1,7 +1,7 @@
 """The facts of a private dataset a run releases before any method's mechanism, each by a Gaussian mechanism of its
 own, drawn from a secret stream of its own: the shape a DP vote of a folder's images decides, the noisy size of a
 set whose size is not public, and (with groups under a derived plan) the noisy mean of a person's images that
-prices a step. A drawn value is written to the run's configuration (``privacy.noisy_*``) before the run's ledger
+prices a step. A drawn value is written to the run's record of them (``drawn``, in config.yaml) before the run's ledger
 exists, and :func:`record_drawn` records each planned fact's mechanism in the ledger before the run's first
 checkpoint, so no released number depends on a fact the ledger lacks."""
 from __future__ import annotations
@@ -68,9 +68,9 @@ def with_noisy_shape(config: RunConfig) -> RunConfig:
     """``config`` with the shape its run reads the dataset at, where a DP vote decides it and none was drawn yet:
     the images' votes (:class:`~dpsynth.data.folder.ShapeVotes`; with ``dataset.window`` auto, on the 16-bit window
     too) plus Gaussian noise, SHAPE.noise times their L2 sensitivity (the square root of the number of vote
-    vectors), from a stream of its own, decided as the exact votes would be and written to ``privacy.noisy_shape``
-    as [channels, side] and ``privacy.noisy_window`` (the run records :data:`SHAPE`)."""
-    if not draws_noisy_shape(config) or PrivacySettings.of(config).noisy_shape is not None:
+    vectors), from a stream of its own, decided as the exact votes would be and kept as ``drawn.shape``
+    ([channels, side]) and ``drawn.window`` (the run records :data:`SHAPE`)."""
+    if not draws_noisy_shape(config) or config.drawn.shape is not None:
         return config
     settings = DatasetSettings.of(config)
     votes = dataset_shape_votes(settings.name, settings.data_dir, settings.resolution, settings.channels,
@@ -85,7 +85,7 @@ def with_noisy_shape(config: RunConfig) -> RunConfig:
                       "so few images vote that the noise decides more than they do; declare the shape instead "
                       "(dataset.resolution=R, dataset.channels=C: no epsilon spent)", stacklevel=2)
     window = noisy.window()
-    return with_drawn(config, noisy_shape=[channels, side], noisy_window=None if window is None else list(window))
+    return with_drawn(config, shape=[channels, side], window=None if window is None else list(window))
 
 
 def held_out_of(config: RunConfig) -> tuple[SplitSize, SplitSize]:
