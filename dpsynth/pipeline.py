@@ -7,6 +7,7 @@ import json
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 
 from .api import dataset_from_config, stored_config, validate_config
 from .autoplan.plan import budget_held
+from .autoplan.regime import Assessment
 from .autoplan.rules import parse_duration
 from .config import (
     Config,
@@ -96,43 +98,103 @@ from .utils.messages import tell, warn
 NEIGHBOURING = "add-remove"  # the guarantee's relation: data sets that differ by adding or removing one record
 
 
-def start(config: Mapping[str, Any], began: float | None = None) -> RunDirectory:
-    """Load the data and plan the budget (config errors leave nothing behind), then create a run directory
-    for ``config`` and execute it (on every process torchrun started; rank 0 draws what the data decides, creates
-    the directory and plans for every rank). ``began``: the ``time.perf_counter()`` at which the caller's
-    command began, from which a derived plan's ``plan.time_budget`` counts (default: now)."""
-    began = time.perf_counter() if began is None else began
-    check_not_run_written(flat_keys(config), "a new run's config:")
-    config = run_config_of(config)
-    device = pick_device(RunSettings.of(config).device)
-    world = World.from_environment(device)
-    config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
-    full = dataset_from_config(config)
-    dataset = full
-    if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
-        config, dataset = planned_config(config, full, world.device(device), draw_size=True)
-    config = world.broadcast_object(config if world.is_main else None)
-    dataset = training_dataset(config, with_public_size(config, dataset))
-    method = create_method(config)  # the run's one method, built from its plan
-    budget = method_budget(method, dataset.info)
-    regime = training_regime(method, dataset.info, budget)
-    check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
-    check_total_epsilon(config, dataset.info, budget, run="")  # likewise the holder's cap on all releases
-    check_disjoint(method.public_fingerprints(dataset.info), dataset)
-    if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
-        check_upscaler(config, dataset.info, full, world.device(device))
-    del full
-    path = world.broadcast_object(str(RunDirectory.create(config).path) if world.is_main else None)
-    if world.is_main:
-        tell("run directory", f"run directory: {path}", path=path)
-        if dataset.info.shape_decision:
-            tell("shape", f"{dataset.info.name} read at {dataset.info.shape_decision}")
-        tell("unit of privacy", f"unit of privacy: {dataset.info.unit_words()}")
-        if PlanSettings.of(config).decisions:
-            tell("derived plan", format_derived_plan(config))
-        for assessment in regime:
+@dataclass
+class Run:
+    """A run prepared before anything is spent: its configuration planned (a :class:`~dpsynth.config.RunConfig`),
+    its training data loaded once, its method built once and, for a new run, its budget calibrated and the recorded
+    outcomes' verdict on its DP-SGD (``regime``). :meth:`prepare` makes one of a configuration, :meth:`reopen` of a
+    stopped run's directory; :meth:`execute` runs its phases (fit, release, evaluate) and returns the directory."""
+
+    config: RunConfig
+    dataset: Dataset
+    method: Method
+    world: World
+    budget: BudgetPlan | None = None  # a reopened run's is planned at its fit
+    regime: list[Assessment] = field(default_factory=list)
+    began: float | None = None  # the time.perf_counter() of the command, from which plan.time_budget counts
+    directory: RunDirectory | None = None  # a new run's is created by execute
+
+    @classmethod
+    def prepare(cls, config: Mapping[str, Any], began: float | None = None) -> Run:
+        """Load the data, draw what it decides, plan, build the method and calibrate the budget for ``config``;
+        ConfigError for a plan the recorded outcomes say will not learn or over the holder's cap, before anything
+        is spent or written. On every process torchrun started: rank 0 draws and plans for every rank. ``began``:
+        the ``time.perf_counter()`` at which the caller's command began (default: now)."""
+        began = time.perf_counter() if began is None else began
+        check_not_run_written(flat_keys(config), "a new run's config:")
+        config = run_config_of(config)
+        device = pick_device(RunSettings.of(config).device)
+        world = World.from_environment(device)
+        config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
+        full = dataset_from_config(config)
+        dataset = full
+        if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
+            config, dataset = planned_config(config, full, world.device(device), draw_size=True)
+        config = world.broadcast_object(config if world.is_main else None)
+        dataset = training_dataset(config, with_public_size(config, dataset))
+        method = create_method(config)  # the run's one method, built from its plan
+        budget = method_budget(method, dataset.info)
+        regime = training_regime(method, dataset.info, budget)
+        check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
+        check_total_epsilon(config, dataset.info, budget, run="")  # likewise the holder's cap on all releases
+        check_disjoint(method.public_fingerprints(dataset.info), dataset)
+        if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
+            check_upscaler(config, dataset.info, full, world.device(device))
+        return cls(config, dataset, method, world, budget, regime, began)
+
+    @classmethod
+    def reopen(cls, path: str, overrides: Iterable[tuple[str, Any]] = ()) -> Run:
+        """The stopped run in ``path``, to continue from its last checkpoint (ledger and RNG included), with
+        ``overrides`` of :func:`resume_settings` (written to its config.yaml and log)."""
+        run = resumable(path)
+        config, overrides = run.config(), list(overrides)
+        allowed = resume_settings(config)
+        for key, value in overrides:
+            if not _resume_setting(key, allowed):
+                raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(allowed)} (where and "
+                                  "in what chunks it computes, and whether the release holds the model); the rest of "
+                                  "its config is what its privacy plan covers")
+            set_value(config, key, value, f"--resume {path}")
+        validate_config(config)  # release.model=true for a method that has no model to release, say
+        typed = run_config_of(config)
+        world = World.from_environment(pick_device(RunSettings.of(typed).device))
+        typed = world.broadcast_object(_with_shape(run, typed) if world.is_main else None)  # one draw for every rank
+        full = dataset_from_config(typed)
+        dataset = training_dataset(typed, full)
+        method = create_method(typed)
+        check_disjoint(method.public_fingerprints(dataset.info), dataset)
+        if world.is_main:
+            check_upscaler(typed, dataset.info, full, world.device(pick_device(RunSettings.of(typed).device)))
+        if overrides and world.is_main:
+            run.write_config(typed)
+            run.log("resume settings", **dict(overrides))
+        return cls(typed, dataset, method, world, directory=run)
+
+    def execute(self) -> RunDirectory:
+        """Fit, release and evaluate (:func:`execute`), in a new run directory unless the run was reopened."""
+        if self.directory is None:
+            self.directory = RunDirectory(self.world.broadcast_object(
+                str(RunDirectory.create(self.config).path) if self.world.is_main else None))
+            if self.world.is_main:
+                self._tell_plan()
+        return execute(self.directory, self.dataset, self.budget, self.world, self.began, self.method)
+
+    def _tell_plan(self) -> None:
+        info = self.dataset.info
+        tell("run directory", f"run directory: {self.directory.path}", path=str(self.directory.path))
+        if info.shape_decision:
+            tell("shape", f"{info.name} read at {info.shape_decision}")
+        tell("unit of privacy", f"unit of privacy: {info.unit_words()}")
+        if PlanSettings.of(self.config).decisions:
+            tell("derived plan", format_derived_plan(self.config))
+        for assessment in self.regime:
             tell("training regime", "\n".join(assessment.lines()))
-    return execute(RunDirectory(path), dataset, budget, world, began, method)
+
+
+def start(config: Mapping[str, Any], began: float | None = None) -> RunDirectory:
+    """Prepare a run of ``config`` (:meth:`Run.prepare`: config errors leave nothing behind), then create its run
+    directory and execute it."""
+    return Run.prepare(config, began).execute()
 
 
 def check_upscaler(config: RunConfig, info: DatasetInfo, full: Dataset, device: torch.device) -> None:
@@ -193,41 +255,18 @@ def fixed_settings(config: Config) -> dict[str, Any]:
 
 
 def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory:
-    """Continue the run in ``path`` from its last checkpoint (ledger and RNG included), with ``overrides`` of
-    :func:`resume_settings` (written to its config.yaml and log)."""
-    run = resumable(path)
-    config, overrides = run.config(), list(overrides)
-    allowed = resume_settings(config)
-    for key, value in overrides:
-        if not _resume_setting(key, allowed):
-            raise ConfigError(f"--set {key}: a resumed run can change only {', '.join(allowed)} (where and "
-                              "in what chunks it computes, and whether the release holds the model); the rest of "
-                              "its config is what its privacy plan covers")
-        set_value(config, key, value, f"--resume {path}")
-    validate_config(config)  # release.model=true for a method that has no model to release, say
-    config = run_config_of(config)
-    world = World.from_environment(pick_device(RunSettings.of(config).device))
-    config = world.broadcast_object(_with_shape(run, config) if world.is_main else None)  # one draw for every rank
-    full = dataset_from_config(config)
-    dataset = training_dataset(config, full)
-    method = create_method(config)
-    check_disjoint(method.public_fingerprints(dataset.info), dataset)
-    if world.is_main:
-        check_upscaler(config, dataset.info, full, world.device(pick_device(RunSettings.of(config).device)))
-    del full
-    if overrides and world.is_main:
-        run.write_config(config)
-        run.log("resume settings", **dict(overrides))
-    return execute(run, dataset, world=world, method=method)
+    """Continue the run in ``path`` from its last checkpoint (:meth:`Run.reopen`) and execute it."""
+    return Run.reopen(path, overrides).execute()
 
 
 def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
             world: World | None = None, began: float | None = None, method: Method | None = None) -> RunDirectory:
-    """Plan the budget (unless given), fit, refuse to release over budget, write synthetic.npz, samples.png,
-    privacy.json. On several processes every rank fits; rank 0 alone restores, writes and releases. ``began``:
-    the ``time.perf_counter()`` at which the command that started the run began, whose derived plan's budget the
-    evaluation is held to (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned.
-    ``method``: the one built from the run's config (by :func:`start` or :func:`resume`), else built here."""
+    """The phases of a run: plan the budget (unless given) and fit, refuse to release over budget, write
+    synthetic.npz, samples.png, privacy.json, then evaluate. On several processes every rank fits; rank 0 alone
+    restores, writes, releases and evaluates. ``began``: the ``time.perf_counter()`` at which the command that
+    started the run began, whose derived plan's budget the evaluation is held to
+    (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned. ``method``: the one built from
+    the run's config (by :meth:`Run.prepare` or :meth:`Run.reopen`), else built here."""
     world = world or World()
     fitting = time.perf_counter()
     with _naming(run):
@@ -236,7 +275,8 @@ def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPla
         finally:
             world.close()
         if world.is_main:
-            _release(run, method, context, budget, None if began is None else (began, fitting))
+            lifted = _release(run, method, context, budget)
+            _evaluate(run, context, lifted, None if began is None else (began, fitting))
     return run
 
 
@@ -378,10 +418,9 @@ def user_seed(config: RunConfig) -> int | None:
     return seed
 
 
-def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan,
-             clock: tuple[float, float] | None) -> None:
-    """Check the ledger against the target, generate, write the release and its privacy report; evaluate (within
-    the plan's budget by the ``clock``: when the command and the fitting began)."""
+def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan) -> bool:
+    """Check the ledger against the target, generate, write the release and its privacy report; whether an
+    upscaler lifted it past the side training read."""
     config, dataset, ledger, delta = _run_config(run), context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     run_settings = RunSettings.of(config)
@@ -425,9 +464,17 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
         guarantee = "of the rehearsal: a public stand-in's, no private image read, nothing spent"
     tell("released", f"released {len(generated.labels)} images {guarantee}: {run.path}", epsilon=report["epsilon"],
          images=len(generated.labels), path=str(run.path))
-    if EvaluationSettings.of(config).enabled:  # against the real images at the release's side
-        cuts = _held_evaluation(run, config, dataset.info, context.device, clock)
-        evaluate_run(run, cuts.items(), dataset=dataset if upscaler is None else None, device=context.device)
+    return upscaler is not None
+
+
+def _evaluate(run: RunDirectory, context: RunContext, lifted: bool, clock: tuple[float, float] | None) -> None:
+    """Evaluate the release where the run's evaluation is enabled, against the real images at the release's side
+    (read again where it was ``lifted``), within a derived plan's budget by the ``clock`` (when the command and the
+    fitting began)."""
+    config = _run_config(run)
+    if EvaluationSettings.of(config).enabled:
+        cuts = _held_evaluation(run, config, context.dataset.info, context.device, clock)
+        evaluate_run(run, cuts.items(), dataset=None if lifted else context.dataset, device=context.device)
 
 
 def _held_evaluation(run: RunDirectory, config: RunConfig, info: DatasetInfo, device: torch.device,

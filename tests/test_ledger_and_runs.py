@@ -18,7 +18,7 @@ from dpsynth.doctor import COMMON
 from dpsynth.errors import DpsynthError, PrivacyError
 from dpsynth.methods import METHODS, run_config_of
 from dpsynth.methods.base import Method
-from dpsynth.pipeline import start
+from dpsynth.pipeline import Run
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,
@@ -29,6 +29,7 @@ from dpsynth.privacy import (
     ledger_report,
 )
 from dpsynth.privacy.mechanisms import clip_rows, release_gaussian, release_subsampled_mean
+from dpsynth.privacy.releases import HolderLedger
 from dpsynth.runs import RunDirectory
 
 JOB = Path(__file__).with_name("resumable_job.py")
@@ -183,15 +184,20 @@ def test_class_grid_puts_each_class_on_its_row():
     assert grid[1, 6, 0] == 255  # class 0 has one image: the second cell stays blank
 
 
-def test_a_run_through_the_api_builds_its_method_once_prints_nothing_and_tells_its_events_to_the_logger(
+def test_a_run_through_the_api_is_prepared_before_it_spends_builds_its_method_once_and_prints_nothing(
         tmp_path, capsys, caplog, monkeypatch):
     config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
                             overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
     built, init = [], Method.__init__
     monkeypatch.setattr(Method, "__init__", lambda self, config: (built.append(self.name), init(self, config))[1])
     with caplog.at_level(logging.INFO, logger="dpsynth"):
-        run = start(config)
+        prepared = Run.prepare(config)
+        assert prepared.directory is None and not list(tmp_path.iterdir())  # planned: nothing written, nothing spent
+        assert not HolderLedger(Path(os.environ["DPSYNTH_RELEASES"])).releases()
+        run = prepared.execute()
     assert built == ["dp-merf"]  # planned, checked, fitted and released by one method object
+    spent = json.loads(run.file("release/privacy.json").read_text())["stages"]
+    assert [stage["name"] for stage in spent] == list(prepared.budget.stages)
     assert capsys.readouterr().out == ""
     told = {record.event: record for record in caplog.records if record.name == "dpsynth"}
     assert {"run directory", "unit of privacy", "released"} <= set(told)
