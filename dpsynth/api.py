@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from .autoplan.plan import auto_preset
+from .autoplan.recipes import Recommendation
+from .autoplan.regime import Assessment
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     SCHEMA,
@@ -35,7 +37,7 @@ from .diffusion.settings import sample_steps
 from .errors import ConfigError, DpsynthError
 from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
-from .methods import create_method, get_method
+from .methods import create_method, get_method, run_config_of
 from .planning import (
     HOLDER_SOURCES,
     TRAINING_SIDES,
@@ -178,6 +180,52 @@ def plan_privacy(config: Mapping[str, Any], info: DatasetInfo, plan: BudgetPlan 
             **report}
 
 
+@dataclass(frozen=True)
+class PrivacyPreview:
+    """What a run of a configuration would spend and how it is judged, before anything runs (``dpsynth privacy``):
+    its config with the plan applied, the data's facts, the calibrated budget and its report, the recorded
+    outcomes' verdict on each DP-SGD step (``regime``) and the measured recipe for data of its shape and size. Made
+    at the data's exact size where that is private: for the data holder's eyes, never released (a run plans
+    again at its noisy size)."""
+
+    config: RunConfig
+    info: DatasetInfo
+    budget: BudgetPlan
+    report: dict[str, Any]
+    regime: list[Assessment]
+    recommendation: Recommendation | None
+
+    @property
+    def refused(self) -> bool:
+        """Whether ``dpsynth run`` refuses this plan (its DP-SGD where every recorded run learned nothing, and no
+        ``plan.force``)."""
+        return any(item.verdict == "fails" for item in self.regime) and not PlanSettings.of(self.config).force
+
+    def to_dict(self) -> dict[str, Any]:
+        """The preview as ``dpsynth privacy --json`` prints it."""
+        derived = asdict(PlanSettings.of(self.config)) if preset_name(self.config) == AUTO_PRESET else None
+        regime = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
+                   "steps": item.plan.steps, "verdict": item.verdict,
+                   "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in self.regime]
+        found = self.recommendation
+        recommended = None if found is None else {
+            "method": found.chosen and found.chosen.method,
+            "learned_nothing": found.chosen is not None and found.chosen.learned_nothing,
+            "measured": [recipe.to_dict() for recipe in found.considered]}
+        return {**self.report, "derived": derived, "training_regime": regime, "recommendation": recommended}
+
+
+def privacy_preview(config: Mapping[str, Any]) -> PrivacyPreview:
+    """The :class:`PrivacyPreview` of a run of ``config``: its data loaded and the plan derived (nothing drawn,
+    nothing written), its method built and its budget calibrated."""
+    planned, dataset = planned_config(run_config_of(config), dataset_from_config(config),
+                                      pick_device(RunSettings.of(config).device))
+    method = create_method(planned)
+    budget = method_budget(method, dataset.info)
+    return PrivacyPreview(planned, dataset.info, budget, plan_privacy(planned, dataset.info, budget),
+                          training_regime(method, dataset.info, budget), recommended_recipe(planned, dataset.info))
+
+
 def synthetic_dataset(path: str | Path) -> TensorDataset:
     """A released ``synthetic.npz`` as a PyTorch dataset of (image, label) pairs, images float C x H x W in
     [0, 1] and labels int64, or (image, label, soft label) when the release has soft labels; DataError naming the
@@ -204,11 +252,11 @@ def load_generator(release_dir: str | Path, device: str = "auto") -> Generator:
 
 # The façade: configuration, data and releases here; planning re-exported from dpsynth.planning.
 __all__ = [
-    "BudgetPlan", "HOLDER_SOURCES", "TRAINING_SIDES", "TRAINING_STAGE", "check_non_private",
-    "check_total_epsilon", "check_training_regime", "data_key", "dataset_from_config", "dataset_stages",
-    "draws_images_per_group", "format_derived_plan", "holder_ledger", "load_generator", "method_budget",
-    "plan_budget_for", "plan_privacy", "planned_config", "planned_release", "recommended_recipe",
-    "release_upscaler", "resolve_config", "resolve_delta", "stored_config", "synthetic_dataset",
-    "training_dataset", "training_info", "training_regime", "validate_config", "with_earlier_releases",
+    "BudgetPlan", "check_non_private", "check_total_epsilon", "check_training_regime", "data_key",
+    "dataset_from_config", "dataset_stages", "draws_images_per_group", "format_derived_plan", "holder_ledger",
+    "HOLDER_SOURCES", "load_generator", "method_budget", "plan_budget_for", "plan_privacy", "planned_config",
+    "planned_release", "privacy_preview", "PrivacyPreview", "recommended_recipe", "release_upscaler",
+    "resolve_config", "resolve_delta", "stored_config", "synthetic_dataset", "training_dataset", "training_info",
+    "training_regime", "TRAINING_SIDES", "TRAINING_STAGE", "validate_config", "with_earlier_releases",
     "with_public_size", "with_training_side",
 ]

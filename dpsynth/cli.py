@@ -10,14 +10,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import (
     DatasetSettings,
     PlanSettings,
-    RunSettings,
     SamplingSettings,
     build_config,
     method_name,
@@ -26,7 +24,7 @@ from .config import (
 )
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
-from .methods import METHODS, create_method, run_config_of, shortcuts
+from .methods import METHODS, create_method, shortcuts
 from .provenance import version_line
 from .utils.messages import printed_to
 
@@ -191,47 +189,26 @@ def _starts_from_public() -> list[str]:
 
 
 def _privacy(args: argparse.Namespace) -> None:
-    from .api import dataset_from_config, plan_privacy, resolve_config
-    from .planning import (
-        format_derived_plan,
-        method_budget,
-        planned_config,
-        recommended_recipe,
-        training_regime,
-        with_earlier_releases,
-    )
-    from .utils.device import pick_device
+    from .api import privacy_preview, resolve_config
+    from .planning import format_derived_plan, with_earlier_releases
 
-    config = resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon, preset=args.preset,
-                            data_dir=args.data_dir, overrides=_method_overrides(args))
-    config, dataset = planned_config(run_config_of(config), dataset_from_config(config),
-                                     pick_device(RunSettings.of(config).device))
-    method = create_method(config)
-    budget = method_budget(method, dataset.info)
-    plan, regime = plan_privacy(config, dataset.info, budget), training_regime(method, dataset.info, budget)
-    recommendation = recommended_recipe(config, dataset.info)
+    preview = privacy_preview(resolve_config(args.method, dataset=args.dataset, epsilon=args.epsilon,
+                                             preset=args.preset, data_dir=args.data_dir,
+                                             overrides=_method_overrides(args)))
+    config = preview.config
     if args.json:
-        derived_plan = asdict(PlanSettings.of(config)) if preset_name(config) == "auto" else None
-        regime_rows = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
-                        "steps": item.plan.steps, "verdict": item.verdict,
-                        "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in regime]
-        recommended = None if recommendation is None else {
-            "method": recommendation.chosen and recommendation.chosen.method,
-            "learned_nothing": recommendation.chosen is not None and recommendation.chosen.learned_nothing,
-            "measured": [recipe.to_dict() for recipe in recommendation.considered]}
-        print(json.dumps({**plan, "derived": derived_plan, "training_regime": regime_rows,
-                          "recommendation": recommended}, indent=2))
+        print(json.dumps(preview.to_dict(), indent=2))
     else:
         derived = PlanSettings.of(config).decisions
-        print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(plan, config))
-        for line in (line for item in regime for line in item.lines()):
+        print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(preview.report, config))
+        for line in (line for item in preview.regime for line in item.lines()):
             print(line)
-        if any(item.verdict == "fails" for item in regime) and not PlanSettings.of(config).force:
+        if preview.refused:
             print("dpsynth run refuses this plan (--set plan.force=true runs it anyway)")
-        for line in recommendation.lines() if recommendation else []:
+        for line in preview.recommendation.lines() if preview.recommendation else []:
             print(line)
-        print(f"unit of privacy: {dataset.info.unit_words()}")
-        together = with_earlier_releases(config, dataset.info, budget)
+        print(f"unit of privacy: {preview.info.unit_words()}")
+        together = with_earlier_releases(config, preview.info, preview.budget)
         if len(together.releases) > 1:
             print(f"with the {len(together.releases) - 1} earlier release(s) from this data (dpsynth budget), "
                   f"{together.words()}")

@@ -1,6 +1,7 @@
 """``dpsynth.Synthesizer``: a method fitted on images held in memory, as scikit-learn fits an estimator.
 
     synthesizer = Synthesizer("dpdm", epsilon=10, preset="cpu", dpsgd__epochs=2)
+    synthesizer.plan(images, labels, class_names=names).report  # what fit would spend, before it does
     synthesizer.fit(images, labels, class_names=names)     # arrays or tensors; groups= a person's id per image
     synthesizer.privacy["epsilon"], synthesizer.sample(100).images, synthesizer.release("shared/", "imagefolder")
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .api import load_generator, resolve_config
+from .api import PrivacyPreview, load_generator, privacy_preview, resolve_config
 from .config import Config, DatasetSettings
 from .data.memory import hold_arrays, let_go
 from .errors import DpsynthError
@@ -50,6 +51,18 @@ class Synthesizer:
     def _config(self, data_dir: str) -> Config:
         return resolve_config(self.method, dataset="memory", data_dir=data_dir, epsilon=self.epsilon,
                               preset=self.preset, values=self.settings.items())
+
+    def plan(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
+             num_classes: int | None = None) -> PrivacyPreview:
+        """What :meth:`fit` of these arrays would spend and how its DP-SGD is judged, before anything is spent or
+        written (``dpsynth privacy``): the plan, its budget (``.report``: each stage's noise and share of ε), the
+        recorded outcomes' verdicts (``.regime``; ``.refused``: fit would refuse it). At the data's exact size: for
+        your eyes, not to share."""
+        data_dir = hold_arrays(images, labels, groups, class_names, num_classes)
+        try:
+            return privacy_preview(self._config(data_dir))
+        finally:
+            let_go(data_dir)
 
     def fit(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
             num_classes: int | None = None) -> Synthesizer:

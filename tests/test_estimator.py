@@ -34,6 +34,8 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
     labels = torch.from_numpy(digits.target)
     keywords = {key.replace(".", "__"): value for key, value in parse_overrides(SETTINGS)}
     synthesizer = dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", out_dir=tmp_path / "api", **keywords)
+    preview = synthesizer.plan(images, labels, class_names=NAMES)  # what fit would spend, before it does
+    assert not preview.refused and not (tmp_path / "api").exists()
     with pytest.warns(PrivacyWarning, match="run.seed"):
         assert synthesizer.fit(images, labels, class_names=NAMES) is synthesizer
     np.savez(tmp_path / "digits.npz", images=images.numpy(), labels=labels.numpy(), class_names=np.array(NAMES))
@@ -44,6 +46,7 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
     command_line = json.loads(next((tmp_path / "cli").glob("*/release/privacy.json")).read_text())
     for key in ("epsilon", "delta", "accountant", "stages", "dataset_size", "dataset_size_rule", "unit"):
         assert synthesizer.privacy[key] == command_line[key], key
+    assert [stage["name"] for stage in preview.report["stages"]] == [stage["name"] for stage in command_line["stages"]]
     with pytest.raises(DataError, match="no arrays held"):  # a fit that ended lets its arrays go
         dataset_from_config(synthesizer.run.config())
     assert synthesizer.synthetic.images.shape == (20, 1, 8, 8) and synthesizer.synthetic.class_names == tuple(NAMES)

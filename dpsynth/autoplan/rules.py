@@ -37,7 +37,6 @@ from ..training.private import dpsgd_schedule
 from .probe import StepCost, Throughput
 
 AUTO_PRESET = "auto"
-DEFAULT_BUDGET = "30m"
 STEP_TARGET, MIN_STEPS, MAX_STEPS = 600, 200, 10_000
 MIN_STEPS_FROM = 500  # images from which MIN_STEPS holds
 MAX_SAMPLE_RATE = 0.25
