@@ -15,13 +15,9 @@ from torch import nn
 
 from dpsynth.data import load_dataset
 from dpsynth.distributed import World
-from dpsynth.methods.pe.apis import Samples
-from dpsynth.methods.pe.embeddings import PixelEmbedding
-from dpsynth.methods.pe.population import Population, PrivateVotes
 from dpsynth.privacy import Accountant, Event, LedgerPlan, PrivacyLedger, SubsampledGaussianMechanism
 from dpsynth.privacy.dpsgd import DPSGD, DpsgdSettings
 from dpsynth.privacy.mechanisms import clip_rows
-from dpsynth.privacy.nearest_neighbours import nearest_neighbour_votes
 from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
 from dpsynth.training.context import RunContext
@@ -77,6 +73,11 @@ def dpsgd(world: World, out: Path) -> dict[str, Any]:
 
 def pe(world: World, out: Path) -> dict[str, Any]:
     """PE's vote vector (shards' votes all-reduced) and its lookahead embeddings split over the ranks."""
+    from dpsynth.methods.pe.apis import Samples  # PE's modules (diffusers among their imports) for this scenario only
+    from dpsynth.methods.pe.embeddings import PixelEmbedding
+    from dpsynth.methods.pe.population import Population, PrivateVotes
+    from dpsynth.privacy.nearest_neighbours import nearest_neighbour_votes
+
     ctx = context(world, out)
     synthetic = Samples(torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(2)))
     embed = PixelEmbedding()

@@ -138,6 +138,13 @@ def test_help_and_a_bad_argument_are_answered_without_importing_torch():
     assert done.stdout.splitlines()[-1] == "imported: []"
 
 
+def test_the_pipeline_and_the_methods_without_a_diffusion_model_import_no_diffusers():
+    probe = ("import sys\nimport dpsynth.pipeline\nfrom dpsynth.methods import METHODS\n"
+             "[METHODS[name] for name in ('dp-merf', 'pe', 'dp-imgsyn')]\nprint('diffusers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"  # imported where a UNet, autoencoder or scheduler is made: seconds saved
+
+
 def test_version_names_the_release_and_the_commit():
     done = dpsynth_main("--version")
     assert done.code == 0 and done.out.strip() == f"dpsynth {__version__} (commit {source_commit()})"

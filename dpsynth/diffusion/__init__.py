@@ -10,7 +10,7 @@ __all__ = ["Diffusion"]
 
 
 def __getattr__(name: str) -> Any:
-    """``Diffusion`` on first use: diffusers takes seconds to import and the command line's parser needs none."""
+    """``Diffusion`` on first use: it imports torch, which the command line's parser does without."""
     if name == "Diffusion":
         from .ddpm import Diffusion
 

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, UniPCMultistepScheduler
-from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 
 from .settings import NOISE_LEVELS
+
+if TYPE_CHECKING:  # diffusers is imported where a model or scheduler is made: the command line starts faster without it
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 ModelFn = Callable[..., Any]
 Interval = Sequence[float]
 FULL_TRAJECTORY = (0.0, 1.0)
 PREDICTIONS = {"epsilon": "epsilon", "v": "v_prediction"}
-SAMPLERS: dict[str, type[SchedulerMixin]] = {"dpm-solver++": DPMSolverMultistepScheduler, "ddim": DDIMScheduler,
-                                             "unipc": UniPCMultistepScheduler}
+SAMPLERS = {"dpm-solver++": "DPMSolverMultistepScheduler", "ddim": "DDIMScheduler", "unipc": "UniPCMultistepScheduler"}
 
 
 def drop_labels(labels: torch.Tensor, null: int, dropout: float, generator: torch.Generator) -> torch.Tensor:
@@ -62,6 +62,8 @@ class Diffusion:
                  levels: NoiseLevels = NoiseLevels()) -> None:
         if prediction not in PREDICTIONS:
             raise ValueError(f"prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
+        from diffusers import DDPMScheduler
+
         self.train_scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
                                              prediction_type=PREDICTIONS[prediction])
         self.timesteps, self.beta_schedule, self.prediction = timesteps, beta_schedule, prediction
@@ -181,7 +183,9 @@ class Diffusion:
         """A fresh ``sampler`` scheduler on this model's noise schedule, set to ``steps`` steps."""
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
-        scheduler = SAMPLERS[sampler].from_config(self.train_scheduler.config)
+        import diffusers
+
+        scheduler = getattr(diffusers, SAMPLERS[sampler]).from_config(self.train_scheduler.config)
         scheduler.set_timesteps(steps)
         return scheduler
 

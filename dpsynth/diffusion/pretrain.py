@@ -15,11 +15,10 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from diffusers import DDPMPipeline, UNet2DModel
 from tqdm.auto import tqdm
 
 from ..data import ImageSet
@@ -31,6 +30,9 @@ from ..utils.images import as_floats
 from ..utils.io import directory_sha256
 from .ddpm import Diffusion, drop_labels
 from .settings import PretrainSettings
+
+if TYPE_CHECKING:  # diffusers is imported where a model is saved or loaded
+    from diffusers import UNet2DModel
 
 TRAINING_STATE = "pretraining.json"
 
@@ -82,6 +84,8 @@ def save_diffusers(model: UNet2DModel, diffusion: Diffusion, out: Path, state: d
     training images (so a run can check they are not its private data), replacing ``out`` atomically."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
+    from diffusers import DDPMPipeline
+
     DDPMPipeline(unet=model, scheduler=diffusion.train_scheduler).save_pretrained(partial)
     (partial / TRAINING_STATE).write_text(json.dumps(state))
     np.save(partial / FINGERPRINTS, training_fingerprints)
@@ -141,6 +145,8 @@ def init_from_public(model: UNet2DModel, directory: str | Path, class_names: lis
     (:func:`spread_start`), so the classes are told apart from the first step. An unconditional public model
     gives zero rows. Returns what was done, for the run's log."""
     record = read_pretraining(directory, setting)
+    from diffusers import UNet2DModel
+
     public = UNet2DModel.from_pretrained(directory, subfolder="unet", low_cpu_mem_usage=False)
     _check_same_diffusion(record, diffusion, directory, setting)
     _check_same_unet(public, model, directory, setting)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from diffusers import AutoencoderKL
 from torch.nn import functional
 
 from ..errors import ConfigError
 from ..utils.images import as_floats
 from .saved import SavedModel, read_model
+
+if TYPE_CHECKING:  # diffusers is imported when an autoencoder is built
+    from diffusers import AutoencoderKL
 
 LATENT_MULTIPLE = 4  # the latent side is a multiple of 4, so a 3-level UNet halves it twice
 
@@ -69,6 +71,8 @@ def build_autoencoder(channels: int, shape: AutoencoderShape) -> AutoencoderKL:
         raise ConfigError(f"autoencoder block_channels {list(shape.block_channels)} must be multiples of its "
                           f"norm_groups ({shape.norm_groups})")
     levels = len(shape.block_channels)
+    from diffusers import AutoencoderKL
+
     return AutoencoderKL(in_channels=channels, out_channels=channels, latent_channels=shape.latent_channels,
                          down_block_types=("DownEncoderBlock2D",) * levels,
                          up_block_types=("UpDecoderBlock2D",) * levels,

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import UNet2DModel
-from diffusers.models.attention_processor import Attention, AttnProcessor
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:  # diffusers is imported when a UNet is built: a run without one starts seconds sooner
+    from diffusers import UNet2DModel
 
 
 class SiLU(torch.nn.Module):
@@ -69,6 +71,9 @@ def build_unet(in_channels: int, resolution: int, num_classes: int | None, block
     up = ["UpBlock2D"] * levels
     if attention:
         down[-1], up[0] = "AttnDownBlock2D", "AttnUpBlock2D"
+    from diffusers import UNet2DModel
+    from diffusers.models.attention_processor import Attention, AttnProcessor
+
     model = UNet2DModel(
         sample_size=resolution, in_channels=in_channels, out_channels=in_channels,
         block_out_channels=tuple(block_channels), down_block_types=tuple(down), up_block_types=tuple(up),
