@@ -23,7 +23,8 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .base import Method
 
-INTERFACE = "base"  # the module every method implements, the one module here that is not a method
+# The modules here that are no method: the interface every method implements and the templates some derive from.
+INTERFACES = ("base", "templates")
 ENTRY_POINTS = "dpsynth.methods"  # the entry-point group of methods other packages provide: name = module
 
 # The methods registered so far, by name (filled by base.register as their modules are imported).
@@ -34,7 +35,7 @@ REGISTERED: dict[str, type[Method]] = {}
 def _modules() -> dict[str, str]:
     """Each findable method's name and the module that defines it: this package's, then the entry points'."""
     found = {info.name.replace("_", "-"): f"{__name__}.{info.name}" for info in pkgutil.iter_modules(__path__)
-             if info.name != INTERFACE}
+             if info.name not in INTERFACES}
     found.update({point.name: point.value for point in entry_points(group=ENTRY_POINTS)})
     return dict(sorted(found.items()))
 

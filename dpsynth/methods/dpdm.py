@@ -12,7 +12,8 @@ from ..privacy import PlannedStage
 from ..training.context import RunContext
 from ..training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
 from ..training.private import DiffusionDpsgdSection
-from .base import CPU_PROTOCOL, DiffusionMethod, Paper, register
+from .base import CPU_PROTOCOL, Paper, register
+from .templates import DiffusionMethod
 
 DPSGD_STAGE = "dp-sgd"
 # DPImageBench's DPDM settings, accounted with RDP as the paper reports; meant for a GPU.

@@ -46,7 +46,8 @@ from ...training.private import DiffusionDpsgdSection, DpsgdSection, MakeBatch
 from ...training.probes import Probes
 from ...utils.device import memory_limited_by, to_device
 from ...utils.images import as_floats, to_uint8
-from ..base import CPU_PROTOCOL, DiffusionMethod, Paper, register
+from ..base import CPU_PROTOCOL, Paper, register
+from ..templates import DiffusionMethod
 from .distillation import Discriminator, StudentLoss, discriminator_loss
 
 TRAINING = ("dp", "non-private")
