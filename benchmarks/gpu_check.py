@@ -17,7 +17,7 @@ import torch
 
 from dpsynth.api import dataset_from_config, planned_config, resolve_config
 from dpsynth.autoplan.memory import probe_memory
-from dpsynth.methods import create_method
+from dpsynth.methods import create_method, run_config_of
 from dpsynth.pipeline import start
 
 
@@ -44,7 +44,8 @@ def main() -> None:
                  "sampling.num_samples=1000", "dpsgd.checkpoint_every=25"]
     config = resolve_config("dpdm", dataset="fashion-mnist", data_dir=args.data_dir, epsilon=10.0,
                             overrides=[*overrides, f"plan.time_budget={args.time_budget}"])
-    config, dataset = planned_config(config, dataset_from_config(config), device)  # start() prints the plan
+    planned, dataset = planned_config(run_config_of(config), dataset_from_config(config), device)
+    config = planned.to_dict()  # changed below, then started: start() prints the plan
     batch, n = config["dpsgd"]["batch_size"], dataset.info.num_train
     planned_steps = int(config["dpsgd"]["epochs"] / (batch / n))
     config["dpsgd"]["epochs"] = float(args.steps * batch / n) + 1e-9
@@ -57,7 +58,7 @@ def main() -> None:
     run = start(config)
     wall = time.perf_counter() - start_time
     peak = torch.cuda.max_memory_allocated(device) if cuda else float("nan")
-    cost = config["plan"]["probe"]["dpsgd"]["dpsgd"]
+    cost = config["derived"]["probe"]["dpsgd"]["dpsgd"]
     rows = batch * config["dpsgd"]["noise_multiplicity"]
     predicted, measured = cost["fixed"] + cost["per_row"] * rows, step_seconds(run.file("log.jsonl"))
     table = [("device", torch.cuda.get_device_name(device) if cuda else "cpu"),

@@ -19,6 +19,7 @@ from .config import (
     SCHEMA,
     Config,
     DatasetSettings,
+    DerivedPlan,
     Drawn,
     PlanSettings,
     PrivacySettings,
@@ -110,7 +111,8 @@ def validate_config(config: Config) -> None:
     typed = method.run_config(config)
     for section in method.section_kinds():
         typed.section(section)  # every key's type and rule, each section read once
-    typed.read(Drawn, Drawn.section)  # a run's record of what it drew, likewise
+    for record in (Drawn, DerivedPlan):  # a run's records of what it drew and what its plan found, likewise
+        typed.read(record, record.section)
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
     if privacy.epsilon == math.inf and not run.allow_non_private:
         raise ConfigError("privacy.epsilon inf trains without noise, so the release has NO differential-privacy "
@@ -203,7 +205,8 @@ class PrivacyPreview:
 
     def to_dict(self) -> dict[str, Any]:
         """The preview as ``dpsynth privacy --json`` prints it."""
-        derived = asdict(PlanSettings.of(self.config)) if preset_name(self.config) == AUTO_PRESET else None
+        derived = {**asdict(PlanSettings.of(self.config)), **asdict(self.config.derived)} \
+            if preset_name(self.config) == AUTO_PRESET else None
         regime = [{"stage": item.plan.stage, "noise_per_example": item.plan.noise_per_example,
                    "steps": item.plan.steps, "verdict": item.verdict,
                    "nearest": [outcome.to_dict() for outcome in item.nearest]} for item in self.regime]

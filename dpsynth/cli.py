@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from .config import (
     DatasetSettings,
-    PlanSettings,
     SamplingSettings,
     build_config,
     method_name,
@@ -199,7 +198,7 @@ def _privacy(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(preview.to_dict(), indent=2))
     else:
-        derived = PlanSettings.of(config).decisions
+        derived = config.derived.decisions
         print((format_derived_plan(config) + "\n" if derived else "") + _format_plan(preview.report, config))
         for line in (line for item in preview.regime for line in item.lines()):
             print(line)

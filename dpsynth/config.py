@@ -15,7 +15,7 @@ from .errors import ConfigError
 Config = dict[str, Any]
 
 ACCOUNTANTS = ("pld", "rdp")  # the privacy accountants (dpsynth.privacy.accountant) a config may name
-SCHEMA = 6  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
+SCHEMA = 7  # the version of config.yaml this dpsynth writes (key ``schema``): raised with each MIGRATIONS step
 
 
 S = TypeVar("S")
@@ -114,19 +114,27 @@ class PrivacySettings(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSettings(Section):
-    """The ``plan`` section of ``--preset auto``: the time budget of the whole run; what the user set (kept), the
-    base preset, the probe's measurements, the decisions and the expected seconds of each phase (written by
-    :mod:`dpsynth.autoplan`); ``force``: run a plan whose DP-SGD the recorded outcomes say will not learn
-    (:mod:`dpsynth.autoplan.regime`) instead of refusing it, any preset."""
+    """The ``plan`` section of ``--preset auto``: the time budget of the whole run and what the user set (kept);
+    ``force``: run a plan whose DP-SGD the recorded outcomes say will not learn (:mod:`dpsynth.autoplan.regime`)
+    instead of refusing it, any preset. What the plan found is kept beside the sections (:class:`DerivedPlan`)."""
 
     section: ClassVar[str] = "plan"
     time_budget: str = "30m"
     user_keys: tuple[str, ...] = ()
+    force: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DerivedPlan(Section):
+    """What a derived plan (``--preset auto``, :mod:`dpsynth.autoplan`) found, a record of the run's beside the
+    user's sections (``derived`` in its config.yaml): the base preset, the probe's measurements, the decisions in
+    words and the expected seconds of each phase. Its values are applied in the sections themselves."""
+
+    section: ClassVar[str] = "derived"
     base: str | None = None
     probe: dict | None = None
     decisions: tuple[str, ...] | None = None
     expected_seconds: dict | None = None
-    force: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,14 +259,19 @@ def with_drawn(config: RunConfig, **values: Any) -> RunConfig:
     """A copy of ``config`` whose :class:`Drawn` record holds ``values`` too (``shape=[3, 64]``): the one way a drawn
     value enters a run's configuration."""
     assert all(f"drawn.{name}" in RUN_WRITTEN for name in values), values  # a programming error, not the user's
+    return with_record(config, Drawn, **values)
+
+
+def with_record(config: RunConfig, kind: type[Drawn] | type[DerivedPlan], **values: Any) -> RunConfig:
+    """A copy of ``config`` whose record ``kind`` (what the run drew, what its plan found) holds ``values`` too."""
     record = config.to_dict()
-    record["drawn"] = {**record.get("drawn", {}), **values}
+    record[kind.section] = {**record.get(kind.section, {}), **values}
     return RunConfig(record, config.kinds)
 
 
 def with_decisions(config: RunConfig, decisions: Sequence[str]) -> RunConfig:
-    """A copy of ``config`` with ``decisions`` (in words) added to its plan's (``plan.decisions``)."""
-    return config.with_value("plan.decisions", [*(PlanSettings.of(config).decisions or ()), *decisions], "the plan")
+    """A copy of ``config`` with ``decisions`` (in words) added to its derived plan's (``derived.decisions``)."""
+    return with_record(config, DerivedPlan, decisions=[*(config.derived.decisions or ()), *decisions])
 
 
 def check_not_run_written(keys: Iterable[str], source: str) -> None:
@@ -446,6 +459,9 @@ MIGRATIONS = (
     Migration(6, moved={"privacy.noisy_dataset_size": "drawn.dataset_size", "privacy.noisy_shape": "drawn.shape",
                         "privacy.noisy_window": "drawn.window",
                         "privacy.noisy_images_per_group": "drawn.images_per_group"}),
+    # schema 6 and older: what a derived plan found was kept in the plan section
+    Migration(7, moved={"plan.base": "derived.base", "plan.probe": "derived.probe",
+                        "plan.decisions": "derived.decisions", "plan.expected_seconds": "derived.expected_seconds"}),
 )
 
 
@@ -493,8 +509,11 @@ def migrated_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A checkpoint's fixed settings (dotted keys) as this dpsynth names them: each moved key at its new place,
     dropped where its value is None."""
     renamed = {old: new for step in MIGRATIONS for old, new in step.moved.items()}
-    return {renamed.get(key, key): value for key, value in settings.items()
-            if key not in renamed or value is not None}
+
+    def place(key: str) -> str:  # a moved key, or a key inside a moved mapping (plan.probe.device)
+        old = next((old for old in renamed if key == old or key.startswith(f"{old}.")), None)
+        return key if old is None else renamed[old] + key[len(old):]
+    return {place(key): value for key, value in settings.items() if key not in renamed or value is not None}
 
 
 def with_defaults(config: Config, defaults: Config) -> Config:
@@ -543,6 +562,11 @@ class RunConfig(Mapping[str, Any]):
     def drawn(self) -> Drawn:
         """What the run's DP mechanisms drew (:class:`Drawn`; nothing before they ran)."""
         return self.read(Drawn, Drawn.section)
+
+    @property
+    def derived(self) -> DerivedPlan:
+        """What its derived plan found (:class:`DerivedPlan`; nothing for a fixed preset or before the plan)."""
+        return self.read(DerivedPlan, DerivedPlan.section)
 
     def section(self, name: str) -> Any:
         """Section ``name`` as its settings class reads it."""

@@ -185,7 +185,7 @@ class Run:
         if info.shape_decision:
             tell("shape", f"{info.name} read at {info.shape_decision}")
         tell("unit of privacy", f"unit of privacy: {info.unit_words()}")
-        if PlanSettings.of(self.config).decisions:
+        if self.config.derived.decisions:
             tell("derived plan", format_derived_plan(self.config))
         for assessment in self.regime:
             tell("training regime", "\n".join(assessment.lines()))
@@ -348,7 +348,7 @@ def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, 
                          group_cap=PrivacySettings.of(config).max_images_per_group,
                          deadline=None if run_settings.time_limit is None else
                          began + parse_duration(run_settings.time_limit, "run.time_limit"),
-                         expected=dict(PlanSettings.of(config).expected_seconds or {}))
+                         expected=dict(config.derived.expected_seconds or {}))
     method.fit(context)
     return method, context, budget
 

@@ -15,6 +15,7 @@ from .autoplan.regime import VERDICT_ORDER, Assessment, PlannedTraining, Start, 
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
     DatasetSettings,
+    DerivedPlan,
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
@@ -24,6 +25,7 @@ from .config import (
     preset_name,
     with_decisions,
     with_drawn,
+    with_record,
 )
 from .data import Dataset, DatasetInfo
 from .data.registry import train_size
@@ -314,8 +316,8 @@ def with_training_side(config: RunConfig, info: DatasetInfo, device: torch.devic
     side, _, chosen = learned[-1] if learned else tried[0]
     words = ", ".join(f"{tried_side} px {tried_verdict}" for tried_side, tried_verdict, _ in tried)
     lift = f", the release lifted to {info.height} px by release.upscaler" if side < info.height else ""
-    return chosen.with_value("plan.decisions", [f"training side {side} px of the data's {info.height} ({words}){lift}"],
-                             "the derived plan")
+    return with_record(chosen, DerivedPlan,
+                       decisions=[f"training side {side} px of the data's {info.height} ({words}){lift}"])
 
 
 def release_upscaler(config: RunConfig, info: DatasetInfo, device: torch.device) -> SavedUpscaler | None:
@@ -335,9 +337,9 @@ def release_upscaler(config: RunConfig, info: DatasetInfo, device: torch.device)
 
 def format_derived_plan(config: RunConfig) -> str:
     """The derived plan in words: its budget, base preset, decisions and the expected minutes of each phase."""
-    plan = PlanSettings.of(config)
-    expected, probe, decisions = plan.expected_seconds or {}, plan.probe or {}, plan.decisions or ()
-    lines = [f"derived plan (--preset auto, from the {plan.base} preset) for a time budget of "
+    plan, found = PlanSettings.of(config), config.derived
+    expected, probe, decisions = found.expected_seconds or {}, found.probe or {}, found.decisions or ()
+    lines = [f"derived plan (--preset auto, from the {found.base} preset) for a time budget of "
              f"{plan.time_budget} on {probe.get('device')}:"]
     lines += [f"  {decision}" for decision in decisions]
     lines.append("  expected wall time: " + ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds

@@ -312,12 +312,12 @@ def test_privacy_prints_the_derived_plan_and_its_time(capsys):
 def test_a_derived_config_records_its_probe_and_keeps_what_the_user_set():
     config = resolve_config("dpdm", dataset="digits", epsilon=10, overrides=["dpsgd.batch_size=32"])
     planned, _ = planned_config(typed(config), dataset_from_config(config), torch.device("cpu"))
-    plan = planned["plan"]
-    assert planned["dpsgd"]["batch_size"] == 32 and "dpsgd.batch_size" in plan["user_keys"]
-    assert plan["base"] == "cpu" and plan["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
+    found = planned.derived  # what the plan found: a record beside the sections
+    assert planned["dpsgd"]["batch_size"] == 32 and "dpsgd.batch_size" in planned["plan"]["user_keys"]
+    assert found.base == "cpu" and found.probe["dpsgd"]["dpsgd"]["per_row"] > 0
     assert planned["diffusion"]["noise_levels"] == "log-normal"  # the cpu preset's winning lever, kept by the plan
-    assert plan["expected_seconds"]["total"] > plan["expected_seconds"]["dp-sgd (dpsgd)"] > 0
-    assert any(decision.startswith("DP-SGD steps priced sustained") for decision in plan["decisions"])
+    assert found.expected_seconds["total"] > found.expected_seconds["dp-sgd (dpsgd)"] > 0
+    assert any(decision.startswith("DP-SGD steps priced sustained") for decision in found.decisions)
 
 
 def test_cpu_steps_are_priced_as_a_run_sustains_them():
@@ -439,5 +439,5 @@ def test_large_rgb_images_run_end_to_end(tmp_path, side):
     with np.load(run / "release" / "synthetic.npz") as release:
         assert release["images"].shape == (4, 3, side, side)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["plan"]["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
+    assert config["derived"]["probe"]["dpsgd"]["dpsgd"]["per_row"] > 0
     assert len(config["model"]["block_channels"]) == {64: 4, 128: 5}[side]  # the UNet follows the resolution

@@ -119,6 +119,16 @@ def test_a_schema_5_file_keeps_what_its_run_drew_in_the_drawn_record_not_in_its_
     assert migrated_settings(checkpointed) == {"drawn.shape": [1, 28], "privacy.epsilon": 10.0}
 
 
+def test_a_schema_6_file_keeps_what_its_plan_found_in_the_derived_record_not_in_its_plan_section():
+    config = resolve_config("dpdm", dataset="digits", preset="cpu")
+    old = {**copy.deepcopy(config), "schema": 6}
+    old["plan"] |= {"base": "cpu", "probe": {"device": "cpu"}, "decisions": ["UNet widths"], "expected_seconds": None}
+    migrated = load_config(dump_config(old), "config.yaml")
+    assert migrated == {**config, "derived": {"base": "cpu", "probe": {"device": "cpu"}, "decisions": ["UNet widths"]}}
+    checkpointed = {"plan.probe.device": "cpu", "plan.base": None, "plan.time_budget": "30m"}
+    assert migrated_settings(checkpointed) == {"derived.probe.device": "cpu", "plan.time_budget": "30m"}
+
+
 def test_a_file_without_what_a_run_is_is_refused_not_filled_in():
     config = resolve_config("dpdm", dataset="digits", preset="cpu")
     del config["privacy"]["epsilon"], config["dataset"]["name"]

@@ -196,7 +196,7 @@ def test_a_persons_share_of_a_step_is_priced_by_a_noisy_mean_of_their_images(tmp
     planned, dataset = planned_config(run_config_of(config), dataset_from_config(config), torch.device("cpu"),
                                       draw_size=True)
     price = planned.drawn.images_per_group
-    assert 1.0 <= price <= 16.0 and any("noisy mean of their images" in line for line in planned["plan"]["decisions"])
+    assert 1.0 <= price <= 16.0 and any("noisy mean of their images" in line for line in planned.derived.decisions)
     assert IMAGES_PER_GROUP.stage in plan_budget_for(planned, dataset.info).stages  # paid for in the ledger's plan
     capped = resolve_config("dpdm", dataset="npz", data_dir=str(tmp_path / "few.npz"),
                             overrides=["privacy.dataset_size=300", "privacy.max_images_per_group=5"])

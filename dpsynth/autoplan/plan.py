@@ -19,12 +19,14 @@ import torch
 
 from ..config import (
     SHARED_BY_NAME,
+    DerivedPlan,
     PlanSettings,
     PrivacySettings,
     RunConfig,
     SamplingSettings,
     method_name,
     preset_name,
+    with_record,
 )
 from ..data import DatasetInfo
 from ..diffusion.settings import sample_steps
@@ -195,22 +197,22 @@ def compiles_sampling(config: RunConfig, side: int, device: torch.device) -> boo
 
 
 def derive_config(config: RunConfig, info: DatasetInfo, device: torch.device, spent: float = 0.0) -> RunConfig:
-    """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded in ``plan``, for
+    """``config`` (preset ``auto``) with the plan for ``info`` on ``device`` applied and recorded (``derived``), for
     the time budget less the ``spent`` seconds; a config of a fixed preset, checked to fit the data
     (:func:`check_preset_fits`), unchanged."""
     method_cls = get_method(method_name(config))
     if preset_name(config) != AUTO_PRESET:
         check_preset_fits(method_cls, config, info)
         return config
-    plan = config.section("plan")
-    if plan.probe is not None:  # derived already
+    plan, found = config.section("plan"), config.derived
+    if found.probe is not None:  # derived already
         return config
     shape = method_shape(method_cls)
     inputs = plan_inputs(info, device, group_images(config))
     budget, kept = parse_duration(plan.time_budget) - spent, list(plan.user_keys)
     side = method_cls.model_shape(config, inputs.shape)[1]  # what its UNet sees: DP-LDM's latents, say
     config, decisions = deepened(method_cls, config, side, kept)
-    decisions = [*(plan.decisions or ()), *decisions]  # a choice made before the plan (its training side)
+    decisions = [*(found.decisions or ()), *decisions]  # a choice made before the plan (its training side)
     chunked_config, decisions = chunked(method_cls, config, side, device, kept, decisions)
     if info.unit == "group" and method_cls.dpsgd_sections:
         decisions.append(group_price(config, inputs.images_per_unit))
@@ -230,11 +232,9 @@ def derive_config(config: RunConfig, info: DatasetInfo, device: torch.device, sp
         planned = planned.replaced(chunks, "the derived plan's memory estimate")
     compiled = compiles_sampling(planned, inputs.shape[1], device)
     expected = estimate_seconds(planned, shape, inputs, throughput, compiled)
-    for key, value in (("base", base_preset(method_cls, device)), ("probe", throughput.to_dict()),
-                       ("decisions", decisions),
-                       ("expected_seconds", {phase: round(seconds, 1) for phase, seconds in expected.items()})):
-        planned = planned.with_value(f"plan.{key}", value, "the derived plan")
-    return planned
+    return with_record(planned, DerivedPlan, base=base_preset(method_cls, device), probe=throughput.to_dict(),
+                       decisions=decisions,
+                       expected_seconds={phase: round(seconds, 1) for phase, seconds in expected.items()})
 
 
 HOLD_SLACK = 0.05  # of the budget: a planned evaluation that overruns it by no more is kept (not cut) at run time
@@ -248,18 +248,18 @@ def budget_held(config: RunConfig, info: DatasetInfo, device: torch.device, elap
     fit what is left (and :data:`HOLD_SLACK` of the budget more), restored towards the base preset's where the plan
     cut it and more fits; and the decision in words. Nothing for a fixed preset, a plan without evaluation, or a
     run whose planned evaluation is the one that fits. Reads the plan's probe and public sizes only."""
-    plan = PlanSettings.of(config)
-    if plan.probe is None or not plan.expected_seconds or not EvaluationSettings.of(config).enabled:
+    plan, found = PlanSettings.of(config), config.derived
+    if found.probe is None or not found.expected_seconds or not EvaluationSettings.of(config).enabled:
         return {}, ""
-    expected = plan.expected_seconds
+    expected = found.expected_seconds
     ratio = fitted / max(expected["total"] - expected["evaluation"] - expected["startup"], 1.0)
     budget = parse_duration(plan.time_budget)
     left, slack = budget - elapsed, HOLD_SLACK * budget
     inputs = plan_inputs(info, device, group_images(config))
     method = get_method(method_name(config))
-    changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(plan.probe),
+    changes, seconds = held_evaluation(config, inputs, Throughput.from_dict(found.probe),
                                        method.releases_soft_labels, left, max(ratio, 1.0), plan.user_keys,
-                                       uncut_evaluation(method, plan.base), slack)
+                                       uncut_evaluation(method, found.base), slack)
     if not changes:
         return {}, ""
     planned = EvaluationSettings.of(config)

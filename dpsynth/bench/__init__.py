@@ -207,9 +207,9 @@ def _open_cell(path: Path, config: Config) -> RunDirectory:
 def _differences(stored: Config, wanted: Config, shown: int = 3) -> list[str]:
     """``key: old there, new now`` for every flat key whose value differs (``<absent>`` where missing); a key
     the stored config lacks (a cell made before the key existed) matches its default value; the run's records (of
-    its hardware, of what it drew) and :data:`LOCATION_KEYS` are not compared."""
+    its hardware, of what it drew, of what its plan found) and :data:`LOCATION_KEYS` are not compared."""
     keys = sorted(key for key in set(flat_keys(stored)) | set(flat_keys(wanted))
-                  if not key.startswith(("hardware.", "drawn.")) and key not in LOCATION_KEYS)
+                  if not key.startswith(("hardware.", "drawn.", "derived.")) and key not in LOCATION_KEYS)
     pairs = {key: (_get_or(stored, key), _get_or(wanted, key)) for key in keys}
     found = [f"{key}: {old!r} there, {new!r} now" for key, (old, new) in pairs.items()
              if old != new and not (old == ABSENT and new == _default(key, wanted.get("method")))]

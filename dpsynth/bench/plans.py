@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..config import PlanSettings, SamplingSettings, load_config, method_name, preset_name
+from ..config import DerivedPlan, PlanSettings, SamplingSettings, load_config, method_name, preset_name
 from ..errors import DpsynthError
 from ..methods import get_method
 from ..runs import CONFIG
@@ -47,7 +47,7 @@ def _row(name: str, run: Path, wall: float, machine: str) -> dict[str, Any]:
                 if stage["mechanisms"][0]["mechanism"] == "subsampled_gaussian" and name in method.dpsgd_sections]
     cnn = metrics.get("accuracy", {}).get("cnn", {})
     plan = PlanSettings.of(config)
-    expected = plan.expected_seconds or {}  # a fixed preset expects nothing
+    expected = DerivedPlan.of(config).expected_seconds or {}  # a fixed preset expects nothing
     stamp = re.search(r"-(\d{4})(\d{2})(\d{2})-\d{6}$", run.name)
     return {"name": name, "machine": machine, "date": "-".join(stamp.groups()) if stamp else None,
             "dataset_size": privacy["dataset_size"],
