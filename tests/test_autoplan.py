@@ -367,9 +367,10 @@ def test_a_run_ahead_of_its_plan_restores_the_evaluation_the_plan_cut_where_it_f
     assert held_evaluation(cut, inputs, XEON, False, planned, 1.0, uncut=uncut) == ({}, pytest.approx(planned))
     info = DatasetInfo("fashion", 1, 28, 28, [str(c) for c in range(10)], "test",
                        {"train": 55_000, "val": 5000, "test": 10_000}, 55_000, "published")
-    derived = cut.to_dict()  # as a derived plan records it
-    derived["plan"].update(time_budget="30m", base="cpu", probe=XEON.to_dict(), expected_seconds={
-        "startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned, "total": 1220.0 + planned})
+    derived = cut.to_dict()  # as a derived plan records what it found
+    derived["plan"]["time_budget"] = "30m"
+    derived["derived"] = {"base": "cpu", "probe": XEON.to_dict(), "expected_seconds": {
+        "startup": 20.0, "dp-sgd (dpsgd)": 1200.0, "evaluation": planned, "total": 1220.0 + planned}}
     changes, words = budget_held(typed(derived), info, torch.device("cpu"), elapsed=600.0, fitted=580.0)  # 2x as fast
     assert changes["evaluation.classifier_seeds"] == 3 and words.startswith(
         "evaluation restored within plan.time_budget 30m: training and the release took 9.7 min, 0.48x their plan")

@@ -55,7 +55,7 @@ def test_a_file_written_before_the_schema_is_migrated_with_the_behaviour_of_its_
     assert migrated["evaluation"]["enabled"] is True and migrated["plan"] == BASE_CONFIG["plan"]
     assert PrivacySettings.of(migrated).max_images_per_group == 16
     derived = copy.deepcopy(migrated)
-    derived["plan"].update(probe={"device": "cpu", "dpsgd": {}}, expected_seconds={"total": 60.0})
+    derived["derived"] = {"probe": {"device": "cpu", "dpsgd": {}}, "expected_seconds": {"total": 60.0}}
     stored_config(derived, "config.yaml")  # a derived plan's mappings hold the keys they replace
     del migrated["model"]["attention"]  # a method key added since: its default
     attention = METHODS["dpdm"].defaults()["model"]["attention"]
