@@ -584,12 +584,6 @@ class RunConfig(Mapping[str, Any]):
         merge(values, update, source)
         return RunConfig(values, self._kinds)
 
-    def with_value(self, key: str, value: Any, source: str) -> RunConfig:
-        """A copy with dotted ``key`` set to ``value`` (:func:`set_value`: the key must exist), a dict value whole."""
-        values = self.to_dict()
-        set_value(values, key, value, source)
-        return RunConfig(values, self._kinds)
-
     def to_dict(self) -> Config:
         """The configuration as a plain dict (a copy), as :func:`dump_config` writes it."""
         return copy.deepcopy(self._values)
