@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from dpsynth.api import dataset_from_config, planned_config, resolve_config
+from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.autoplan.memory import probe_memory
 from dpsynth.methods import create_method, run_config_of
 from dpsynth.pipeline import start
+from dpsynth.planning import planned_config
 
 
 def step_seconds(log: Path, stage: str = "dp-sgd") -> float:

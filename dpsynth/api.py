@@ -1,5 +1,5 @@
-"""The Python API's façade: resolve a method's config, load its dataset, read a release; the planning of a run
-(:mod:`dpsynth.planning`) is re-exported here."""
+"""The Python API's façade: resolve a method's config, load its dataset, preview what a run would spend, read a
+release. How a run is planned is :mod:`dpsynth.planning`'s."""
 from __future__ import annotations
 
 import math
@@ -40,36 +40,16 @@ from .generators import Generator, read_generator
 from .hardware import check_threads, hardware_choices
 from .methods import create_method, get_method, run_config_of
 from .planning import (
-    HOLDER_SOURCES,
-    TRAINING_SIDES,
-    TRAINING_STAGE,
     BudgetPlan,
-    check_non_private,
-    check_total_epsilon,
-    check_training_regime,
-    data_key,
-    dataset_stages,
-    draws_images_per_group,
-    format_derived_plan,
-    holder_ledger,
     method_budget,
     planned_config,
-    planned_release,
     recommended_recipe,
-    release_upscaler,
-    resolve_delta,
-    training_dataset,
-    training_info,
     training_regime,
-    with_earlier_releases,
     with_public_size,
-    with_training_side,
 )
 from .privacy import budget_report
 from .privacy.accountant import check_delta, check_epsilon
-from .privacy.dataset_facts import (
-    SHAPE,
-)
+from .privacy.dataset_facts import SHAPE
 from .runs import MODEL_CARD, RELEASE
 from .utils.device import pick_device
 
@@ -252,14 +232,3 @@ def load_generator(release_dir: str | Path, device: str = "auto") -> Generator:
         path = path / RELEASE
     return read_generator(path, pick_device(device))
 
-
-# The façade: configuration, data and releases here; planning re-exported from dpsynth.planning.
-__all__ = [
-    "BudgetPlan", "check_non_private", "check_total_epsilon", "check_training_regime", "data_key",
-    "dataset_from_config", "dataset_stages", "draws_images_per_group", "format_derived_plan", "holder_ledger",
-    "HOLDER_SOURCES", "load_generator", "method_budget", "plan_budget_for", "plan_privacy", "planned_config",
-    "planned_release", "privacy_preview", "PrivacyPreview", "recommended_recipe", "release_upscaler",
-    "resolve_config", "resolve_delta", "stored_config", "synthetic_dataset", "training_dataset", "training_info",
-    "training_regime", "TRAINING_SIDES", "TRAINING_STAGE", "validate_config", "with_earlier_releases",
-    "with_public_size", "with_training_side",
-]

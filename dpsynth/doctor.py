@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .api import dataset_from_config, load_generator, plan_budget_for, resolve_config
-from .config import ReleaseSettings, SamplingSettings
+from .api import load_generator, resolve_config
+from .config import ReleaseSettings, RunConfig, SamplingSettings
 from .data import Dataset, load_dataset
 from .data.glyphs import GLYPH_CLASSES
 from .diffusion.pretrain import PretrainSettings, pretrain
 from .errors import DpsynthError
 from .methods import get_method, run_config_of
-from .pipeline import execute, resume
+from .pipeline import Run, resume
 from .privacy import Accountant, PrivacyLedger, check_within_plan
 from .runs import LOG, PRIVACY, RELEASE, SYNTHETIC, Checkpoint, RunDirectory
 from .utils.device import pick_device
@@ -89,20 +89,25 @@ def _run_and_check(method: str, device: str, root: Path) -> str:
         method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
         overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}", f"run.out_dir={root}",
                    f"privacy.holder_ledger={root / 'releases.json'}"]))
-    dataset = dataset_from_config(config)
-    budget = plan_budget_for(config, dataset.info)
-    run = RunDirectory.create(config)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tiny configuration's own warnings (small batches) are expected
-            execute(_CrashAfterCheckpoint(run.path), dataset, budget)
-        raise DpsynthError("the run finished without a checkpoint after a mechanism: nothing to resume from")
-    except _Interrupted:
-        pass
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # the tiny configuration's own warnings (small batches) are expected
+        prepared, run = stopped_after_checkpoint(config)
         resume(str(run.path))
-    return _checked(run, dataset, budget.stages, budget.accountant, budget.delta, budget.target)
+    budget = prepared.budget
+    return _checked(run, prepared.dataset, budget.stages, budget.accountant, budget.delta, budget.target)
+
+
+def stopped_after_checkpoint(config: RunConfig) -> tuple[Run, RunDirectory]:
+    """A run of ``config`` prepared and executed in a new run directory that stops it as a crash would, right after
+    its first checkpoint that follows a recorded mechanism; DpsynthError where it finishes without one."""
+    prepared = Run.prepare(config)
+    run = RunDirectory.create(prepared.config)
+    prepared.directory = _CrashAfterCheckpoint(run.path)
+    try:
+        prepared.execute()
+    except _Interrupted:
+        return prepared, run
+    raise DpsynthError("the run finished without a checkpoint after a mechanism: nothing to resume from")
 
 
 def _public_model(method: str, device: str, root: Path) -> list[str]:

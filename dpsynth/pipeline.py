@@ -109,7 +109,7 @@ class Run:
     dataset: Dataset
     method: Method
     world: World
-    budget: BudgetPlan | None = None  # a reopened run's is planned at its fit
+    budget: BudgetPlan
     regime: list[Assessment] = field(default_factory=list)
     began: float | None = None  # the time.perf_counter() of the command, from which plan.time_budget counts
     directory: RunDirectory | None = None  # a new run's is created by execute
@@ -161,6 +161,8 @@ class Run:
         typed = world.broadcast_object(_with_shape(run, typed) if world.is_main else None)  # one draw for every rank
         full = dataset_from_config(typed)
         dataset = training_dataset(typed, full)
+        typed = world.broadcast_object(_with_size(run, typed, dataset) if world.is_main else None)
+        dataset = with_public_size(typed, dataset)
         method = create_method(typed)
         check_disjoint(method.public_fingerprints(dataset.info), dataset)
         if world.is_main:
@@ -168,16 +170,62 @@ class Run:
         if overrides and world.is_main:
             run.write_config(typed)
             run.log("resume settings", **dict(overrides))
-        return cls(typed, dataset, method, world, directory=run)
+        return cls(typed, dataset, method, world, method_budget(method, dataset.info), directory=run)
 
     def execute(self) -> RunDirectory:
-        """Fit, release and evaluate (:func:`execute`), in a new run directory unless the run was reopened."""
+        """Fit, release and evaluate, in a new run directory unless it has one (reopened): on several processes every
+        rank fits, rank 0 alone restores, writes, releases and evaluates. A derived plan's evaluation is held to its
+        budget, counted from ``began`` (:func:`~dpsynth.autoplan.plan.budget_held`); a reopened run's evaluates as
+        planned."""
         if self.directory is None:
             self.directory = RunDirectory(self.world.broadcast_object(
                 str(RunDirectory.create(self.config).path) if self.world.is_main else None))
             if self.world.is_main:
                 self._tell_plan()
-        return execute(self.directory, self.dataset, self.budget, self.world, self.began, self.method)
+        fitting = time.perf_counter()
+        with _naming(self.directory):
+            try:
+                context = self._fit(fitting if self.began is None else self.began)
+            finally:
+                self.world.close()
+            if self.world.is_main:
+                lifted = _release(self.directory, self.method, context, self.budget)
+                clock = None if self.began is None else (self.began, fitting)
+                _evaluate(self.directory, self.config, context, lifted, clock)
+        return self.directory
+
+    def _fit(self, began: float) -> RunContext:
+        """Fit the method within ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command
+        began) where one is set, its ledger restored from the last checkpoint, on the context it returns."""
+        run, config, dataset, world, budget = self.directory, self.config, self.dataset, self.world, self.budget
+        assert run is not None
+        accountant, delta, plan = budget.accountant, budget.delta, budget.stages
+        settings = fixed_settings(run.config())  # as config.yaml holds them, which a resume compares
+        run_settings = RunSettings.of(config)
+        state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
+        if world.is_main and not run.file(REHEARSAL).exists():  # a rehearsal on public data enters no holder's ledger
+            _enter_release(run, config, dataset.info, budget)
+        record_drawn(ledger, plan)  # the dataset's facts, drawn before the first checkpoint
+        if world.is_main:
+            run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
+                    processes=world.size)
+        seed = user_seed(config)
+        keys = world.broadcast_object({purpose: stream_key(seed, purpose) for purpose in ("noise", "training", "init")}
+                                      if world.is_main else None)
+        torch.default_generator.set_state(mersenne_state(keys["init"]))  # model initialisation
+        device = world.device(pick_device(run_settings.device))
+        if world.is_main:
+            run.record_hardware(hardware_choices(config, device, sample_steps(config)))
+            _log_groups(run, dataset, config)
+        context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
+                             generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]),
+                             state=state, world=world, governor=thread_governor(run_settings.threads),
+                             settings=settings, group_cap=PrivacySettings.of(config).max_images_per_group,
+                             deadline=None if run_settings.time_limit is None else
+                             began + parse_duration(run_settings.time_limit, "run.time_limit"),
+                             expected=dict(config.derived.expected_seconds or {}))
+        self.method.fit(context)
+        return context
 
     def _tell_plan(self) -> None:
         info = self.dataset.info
@@ -259,32 +307,6 @@ def resume(path: str, overrides: Iterable[tuple[str, Any]] = ()) -> RunDirectory
     return Run.reopen(path, overrides).execute()
 
 
-def execute(run: RunDirectory, dataset: Dataset | None = None, budget: BudgetPlan | None = None,
-            world: World | None = None, began: float | None = None, method: Method | None = None) -> RunDirectory:
-    """The phases of a run: plan the budget (unless given) and fit, refuse to release over budget, write
-    synthetic.npz, samples.png, privacy.json, then evaluate. On several processes every rank fits; rank 0 alone
-    restores, writes, releases and evaluates. ``began``: the ``time.perf_counter()`` at which the command that
-    started the run began, whose derived plan's budget the evaluation is held to
-    (:func:`~dpsynth.autoplan.plan.budget_held`); a resumed run evaluates as planned. ``method``: the one built from
-    the run's config (by :meth:`Run.prepare` or :meth:`Run.reopen`), else built here."""
-    world = world or World()
-    fitting = time.perf_counter()
-    with _naming(run):
-        try:
-            method, context, budget = _fit(run, dataset, budget, world, fitting if began is None else began, method)
-        finally:
-            world.close()
-        if world.is_main:
-            lifted = _release(run, method, context, budget)
-            _evaluate(run, context, lifted, None if began is None else (began, fitting))
-    return run
-
-
-def _run_config(run: RunDirectory) -> RunConfig:
-    """The run's config.yaml as its method's RunConfig."""
-    return run_config_of(run.config())
-
-
 @contextlib.contextmanager
 def _naming(run: RunDirectory) -> Iterator[None]:
     """Stops that tell the user how to continue name the run's directory: Ctrl-C or SIGTERM (the command line
@@ -308,49 +330,6 @@ def _restored(run: RunDirectory, world: World, settings: dict[str, Any], plan: L
         return state, ledger
     received: tuple[Checkpoint | None, dict[str, Any]] = world.broadcast_object(None)
     return received[0], PrivacyLedger.from_dict(received[1], plan=plan)
-
-
-def _fit(run: RunDirectory, dataset: Dataset | None, budget: BudgetPlan | None, world: World, began: float,
-         method: Method | None) -> tuple[Method, RunContext, BudgetPlan]:
-    """Build the method (unless given) and its context from the run's config (rank 0's, sent to every rank) and
-    fit, within ``run.time_limit`` of ``began`` (the ``time.perf_counter()`` at which the command began) where one
-    is set."""
-    if world.is_main:
-        dataset = dataset or training_dataset(_run_config(run), dataset_from_config(run.config()))
-    config = world.broadcast_object(_with_size(run, dataset) if world.is_main and dataset is not None else None)
-    dataset = with_public_size(config, dataset or training_dataset(config, dataset_from_config(config)))
-    if method is None or method.config != config:  # a noisy size drawn since it was built
-        method = create_method(config)
-    if budget is None or budget.size != dataset.info.num_train:
-        budget = method_budget(method, dataset.info)
-    accountant, delta, plan = budget.accountant, budget.delta, budget.stages
-    settings = fixed_settings(config.to_dict())
-    run_settings = RunSettings.of(config)
-    state, ledger = _restored(run, world, settings, LedgerPlan(plan, run_settings.allow_non_private))
-    if world.is_main and not run.file(REHEARSAL).exists():  # a rehearsal on public data enters no holder's ledger
-        _enter_release(run, config, dataset.info, budget)
-    record_drawn(ledger, plan)  # the dataset's facts, drawn before the first checkpoint
-    if world.is_main:
-        run.log("start" if state is None else "resume", plan=budget_report(plan, accountant, delta)["stages"],
-                processes=world.size)
-    seed = user_seed(config)
-    keys = world.broadcast_object({purpose: stream_key(seed, purpose) for purpose in ("noise", "training", "init")}
-                                  if world.is_main else None)
-    torch.default_generator.set_state(mersenne_state(keys["init"]))  # model initialisation
-    device = world.device(pick_device(run_settings.device))
-    governor = thread_governor(run_settings.threads)
-    if world.is_main:
-        run.record_hardware(hardware_choices(method.config, device, sample_steps(method.config)))
-        _log_groups(run, dataset, config)
-    context = RunContext(dataset=dataset, run=run, ledger=ledger, accountant=accountant, delta=delta, device=device,
-                         generator=secret_generator(keys["training"]), noise=SecretStream(keys["noise"]), state=state,
-                         world=world, governor=governor, settings=settings,
-                         group_cap=PrivacySettings.of(config).max_images_per_group,
-                         deadline=None if run_settings.time_limit is None else
-                         began + parse_duration(run_settings.time_limit, "run.time_limit"),
-                         expected=dict(config.derived.expected_seconds or {}))
-    method.fit(context)
-    return method, context, budget
 
 
 def _with_shape(run: RunDirectory, config: RunConfig) -> RunConfig:
@@ -393,10 +372,10 @@ def _released(run: RunDirectory, config: RunConfig, ledger: PrivacyLedger, repor
             "delta": together.delta, "accountant": together.accountant}
 
 
-def _with_size(run: RunDirectory, dataset: Dataset) -> RunConfig:
-    """The run's config, with a noisy count of the private set's size drawn and written to config.yaml
-    (``drawn.dataset_size``) when the size is not public and none was drawn yet."""
-    config = _run_config(run)
+def _with_size(run: RunDirectory, config: RunConfig, dataset: Dataset) -> RunConfig:
+    """``config`` with a noisy count of the private set's size drawn and written to config.yaml
+    (``drawn.dataset_size``) when the size is not public and none was drawn yet (a bench cell before its first
+    start)."""
     if with_public_size(config, dataset).info.size_rule != "private":
         return config
     if run.file(CHECKPOINT).exists():
@@ -421,7 +400,7 @@ def user_seed(config: RunConfig) -> int | None:
 def _release(run: RunDirectory, method: Method, context: RunContext, budget: BudgetPlan) -> bool:
     """Check the ledger against the target, generate, write the release and its privacy report; whether an
     upscaler lifted it past the side training read."""
-    config, dataset, ledger, delta = _run_config(run), context.dataset, context.ledger, budget.delta
+    config, dataset, ledger, delta = method.config, context.dataset, context.ledger, budget.delta
     accountant, target = budget.accountant, budget.target
     run_settings = RunSettings.of(config)
     check_within_plan(ledger.stages(), budget.stages, run_settings.allow_non_private, complete=not context.stopped)
@@ -467,11 +446,11 @@ def _release(run: RunDirectory, method: Method, context: RunContext, budget: Bud
     return upscaler is not None
 
 
-def _evaluate(run: RunDirectory, context: RunContext, lifted: bool, clock: tuple[float, float] | None) -> None:
+def _evaluate(run: RunDirectory, config: RunConfig, context: RunContext, lifted: bool,
+              clock: tuple[float, float] | None) -> None:
     """Evaluate the release where the run's evaluation is enabled, against the real images at the release's side
     (read again where it was ``lifted``), within a derived plan's budget by the ``clock`` (when the command and the
     fitting began)."""
-    config = _run_config(run)
     if EvaluationSettings.of(config).enabled:
         cuts = _held_evaluation(run, config, context.dataset.info, context.device, clock)
         evaluate_run(run, cuts.items(), dataset=None if lifted else context.dataset, device=context.device)
@@ -502,7 +481,7 @@ def upscaling_report(upscaler: SavedUpscaler, info: DatasetInfo) -> dict[str, An
 
 def _regime_report(method: Method, info: DatasetInfo, budget: BudgetPlan) -> list[dict[str, Any]]:
     """For privacy.json: each DP-SGD plan's noise per example, steps and side, the recorded outcomes' verdict on
-    them (:func:`~dpsynth.api.training_regime`), the record that decided it and whether ``plan.force`` ran it."""
+    them (:func:`~dpsynth.planning.training_regime`), the record that decided it and whether ``plan.force`` ran it."""
     forced = PlanSettings.of(method.config).force
     return [{"stage": item.plan.stage, "noise_per_example": round(item.plan.noise_per_example, 6),
              "steps": item.plan.steps, "side": item.plan.side, "start": item.plan.start, "verdict": item.verdict,

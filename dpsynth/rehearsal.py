@@ -34,7 +34,7 @@ from .data import Dataset
 from .distributed import World
 from .errors import ConfigError, DataError
 from .methods import create_method, get_method, run_config_of
-from .pipeline import execute
+from .pipeline import Run
 from .planning import BudgetPlan, planned_config, training_dataset, with_public_size
 from .privacy import Accountant, PlannedStage, SubsampledGaussianMechanism
 from .privacy.events import Event
@@ -190,5 +190,5 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
     tell("rehearsal directory", f"rehearsal directory: {run.path}\nrehearsing the plan of a {private} run on "
          f"{len(full.train):,} public {stand_in} images, each DP-SGD stage at a batch {shrink} times smaller (same "
          "steps and sigma/B): nothing private is read, nothing is spent", path=str(run.path))
-    return execute(run, dataset, budget, World())
+    return Run(rehearsed, dataset, create_method(rehearsed), World(), budget, directory=run).execute()
 

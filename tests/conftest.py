@@ -27,10 +27,9 @@ from PIL import Image
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
-from dpsynth.doctor import COMMON, _CrashAfterCheckpoint, _Interrupted
+from dpsynth.doctor import COMMON, stopped_after_checkpoint
 from dpsynth.hardware import usable_cores
 from dpsynth.methods import METHODS, run_config_of
-from dpsynth.pipeline import execute
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
@@ -266,10 +265,7 @@ def stopped_smoke_run(method: str, root: Path, epsilon: float = 5.0) -> RunDirec
     it right after its first checkpoint that follows a recorded mechanism (the doctor's stop)."""
     config = resolve_config(method, dataset="digits", epsilon=epsilon, preset="cpu",
                             overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}"])
-    run = RunDirectory.create(run_config_of(config))
-    with pytest.raises(_Interrupted):
-        execute(_CrashAfterCheckpoint(run.path))
-    return run
+    return stopped_after_checkpoint(run_config_of(config))[1]
 
 
 def setting_args(*settings: str) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import finished_run
 
-from dpsynth.api import dataset_from_config, planned_config, resolve_config
+from dpsynth.api import dataset_from_config, resolve_config
 from dpsynth.autoplan.memory import USABLE, probe_memory
 from dpsynth.autoplan.plan import (
     SUSTAINED_FIXED,
@@ -46,6 +46,7 @@ from dpsynth.errors import ConfigError
 from dpsynth.hardware import COMPILED_SAMPLING, compiled_sampling
 from dpsynth.methods import METHODS, get_method
 from dpsynth.pipeline import start
+from dpsynth.planning import planned_config
 
 
 # A throughput as a probe records it (the AVX-512 Xeon's, rounded): the rules are tested on its numbers.

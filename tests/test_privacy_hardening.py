@@ -16,7 +16,7 @@ import torch
 from conftest import MERF, idx_bytes, secret_stream, write_idx_set, write_patients
 from torch import nn
 
-from dpsynth.api import dataset_from_config, plan_budget_for, planned_config, resolve_config
+from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.audit import AUDITS
 from dpsynth.autoplan.plan import plan_inputs
 from dpsynth.cli import main
@@ -28,6 +28,7 @@ from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import DataError, DpsynthError, PrivacyError, PrivacyWarning
 from dpsynth.methods import get_method, run_config_of
 from dpsynth.pipeline import resume, start, user_seed
+from dpsynth.planning import planned_config
 from dpsynth.privacy import (
     Accountant,
     GaussianMechanism,

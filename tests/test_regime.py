@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import dpsynth_main
 
-from dpsynth.api import resolve_config, training_info
+from dpsynth.api import resolve_config
 from dpsynth.autoplan.recipes import Recipe, recommend, recorded_recipes
 from dpsynth.autoplan.regime import Outcome, PlannedTraining, assess, recorded_outcomes
 from dpsynth.bench.recipes import recipes
@@ -21,6 +21,7 @@ from dpsynth.data import DatasetInfo
 from dpsynth.errors import ConfigError
 from dpsynth.methods import run_config_of
 from dpsynth.models.upscaler import SavedUpscaler
+from dpsynth.planning import training_info
 from dpsynth.utils.io import sha256
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -184,7 +185,8 @@ def people(path: Path, persons: int) -> Path:
 
 
 def test_a_persons_share_of_a_step_is_priced_by_a_noisy_mean_of_their_images(tmp_path):
-    from dpsynth.api import dataset_from_config, dataset_stages, plan_budget_for, planned_config
+    from dpsynth.api import dataset_from_config, plan_budget_for
+    from dpsynth.planning import dataset_stages, planned_config
     from dpsynth.privacy.dataset_facts import IMAGES_PER_GROUP, noisy_images_per_group
 
     config = resolve_config("dpdm", dataset="npz", data_dir=str(people(tmp_path / "many.npz", 4000)),

@@ -35,9 +35,9 @@ def store_path() -> Path:
 
 @dataclass(frozen=True)
 class HeldRelease:
-    """One run's release from the data set ``data`` (:func:`~dpsynth.api.data_key`): its mechanisms by stage (planned
-    while ``status`` is ``running``, spent once ``released``), its (ε, δ), unit (person, image, or the holder's name
-    for a person) and whether the holder shared it."""
+    """One run's release from the data set ``data`` (:func:`~dpsynth.planning.data_key`): its mechanisms by stage
+    (planned while ``status`` is ``running``, spent once ``released``), its (ε, δ), unit (person, image, or the
+    holder's name for a person) and whether the holder shared it."""
 
     data: str
     run: str
