@@ -16,6 +16,7 @@ and on the site: ``<!-- KIND: ARGS -->`` ... ``<!-- /KIND -->``. Kinds:
 - ``cli: all``: every command's ``--help``, as the parser prints it;
 - ``odds: EPSILON [EPSILON ...]``: what each ε bounds: the odds factor e^ε and how sure an attacker can become;
 - ``recipes: all``: the measured recipes at holders' sides that ``dpsynth privacy`` recommends from;
+- ``schema: config``: the version of config.yaml's layout this dpsynth writes (dpsynth.config.SCHEMA);
 - ``floor: EPSILON [EPSILON ...]``: the least noise per example σ/B that 600 DP-SGD steps reach at N = 300, 1,000,
   3,000 (and each ε), at the largest sample rate a plan uses.
 
@@ -45,6 +46,7 @@ from dpsynth.autoplan.regime import least_noise_per_example
 from dpsynth.autoplan.rules import MAX_SAMPLE_RATE, STEP_TARGET, dpsgd_steps
 from dpsynth.bench import frontier, plans, recipes, record
 from dpsynth.cli import build_parser
+from dpsynth.config import SCHEMA
 from dpsynth.config_reference import config_table
 from dpsynth.datasheet import certainty_after, percent
 from dpsynth.errors import DpsynthError
@@ -54,11 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GLOSSARY = "docs/reference/glossary.md"
 CHANGELOG = "changelog.md"  # the site's page of CHANGELOG.md: history, which the other pages leave to it
-KINDS = "config|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads|odds|recipes|floor|cli"
+KINDS = "config|schema|bench|frontier|plans|plan-outcomes|plan|steps|paper|loads|odds|recipes|floor|cli"
 PAIR = re.compile(rf"(?<!`)<!-- (?P<kind>{KINDS}): (?P<args>[a-z0-9._/ -]+?) -->(?P<body>.*?)<!-- /(?P=kind) -->",
                   re.DOTALL)
 OPENING = re.compile(rf"(?<!`)<!-- (?:{KINDS}): ")
-INLINE = {"bench": 4, "plan": 2, "steps": 4}  # kinds whose marker with these many arguments sits in a sentence
+# Kinds whose marker with these many arguments sits in a sentence.
+INLINE = {"bench": 4, "plan": 2, "steps": 4, "schema": 1}
 # History in a user's page: an issue number, a working session, a time of day, a relative day.
 NOTEBOOK = re.compile(r"\bissues? ?#?\d+|\bsessions?\b|\bsittings?\b|\b(?:[01]?\d|2[0-3]):[0-5]\d\b|"
                       r"\b(?:today|yesterday|tonight|(?:this|that) (?:morning|afternoon|evening))\b", re.IGNORECASE)
@@ -74,6 +77,8 @@ def generated(kind: str, args: list[str]) -> str:
     """What the marker ``kind: args`` stands for."""
     if kind == "config":
         return config_table(args[0])
+    if kind == "schema":
+        return f"`schema: {SCHEMA}`"
     if kind == "bench":
         if len(args) == 1:
             return record.table(RESULTS / args[0])
