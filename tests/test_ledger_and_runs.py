@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_after_recorded_steps, secret_stream
+from conftest import kill_after_recorded_steps, secret_stream, stopped_smoke_run
 
 from dpsynth.api import resolve_config
 from dpsynth.doctor import COMMON
@@ -203,3 +203,16 @@ def test_a_run_through_the_api_is_prepared_before_it_spends_builds_its_method_on
     assert {"run directory", "unit of privacy", "released"} <= set(told)
     assert told["run directory"].fields["path"] == str(run.path)
     assert told["released"].fields["epsilon"] == json.loads(run.file("release/privacy.json").read_text())["epsilon"]
+
+
+def test_a_resumed_run_builds_its_method_once_and_fits_the_budget_it_reopened_with(tmp_path, monkeypatch):
+    stopped = stopped_smoke_run("dp-merf", tmp_path)
+    built, init = [], Method.__init__
+    monkeypatch.setattr(Method, "__init__", lambda self, config: (built.append(self.name), init(self, config))[1])
+    reopened = Run.reopen(str(stopped.path))
+    assert reopened.directory is not None and reopened.directory.path == stopped.path
+    run = reopened.execute()
+    assert built == ["dp-merf"]  # reopened, checked, fitted and released by one method object
+    spent = json.loads(run.file("release/privacy.json").read_text())["stages"]
+    assert [stage["name"] for stage in spent] == list(reopened.budget.stages)
+    assert [json.loads(line)["event"] for line in run.file("log.jsonl").read_text().splitlines()].count("resume") == 1
