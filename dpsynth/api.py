@@ -16,17 +16,17 @@ from .autoplan.recipes import Recommendation
 from .autoplan.regime import Assessment
 from .autoplan.rules import AUTO_PRESET, parse_duration
 from .config import (
+    RECORDS,
     SCHEMA,
     Config,
     DatasetSettings,
-    DerivedPlan,
-    Drawn,
     PlanSettings,
     PrivacySettings,
     ReleaseSettings,
     RunConfig,
     RunSettings,
     build_config,
+    check_known_keys,
     method_name,
     parse_overrides,
     preset_name,
@@ -80,18 +80,19 @@ def resolve_config(
     return config
 
 
-def validate_config(config: Config) -> None:
-    """ConfigError / PrivacyError for values no run can use: the schema, the method, every key's type and rule
-    (each section read through its settings class, the shared ones and the method's), then what only the layers
-    above the config know."""
+def validate_config(config: Mapping[str, Any]) -> None:
+    """ConfigError / PrivacyError for values no run can use: the schema, the method, a key nothing reads, every
+    key's type and rule (each section read through its settings class, the shared ones and the method's), then what
+    only the layers above the config know."""
     if schema_of(config) != SCHEMA:
         raise ConfigError(f"schema must be {SCHEMA} (a config resolve_config made, or load_config read: it migrates "
                           f"older files), got {schema_of(config)!r}")
     method = get_method(method_name(config))
+    check_known_keys(config, method.section_kinds(), "")
     typed = method.run_config(config)
     for section in method.section_kinds():
         typed.section(section)  # every key's type and rule, each section read once
-    for record in (Drawn, DerivedPlan):  # a run's records of what it drew and what its plan found, likewise
+    for record in RECORDS.values():  # a run's records of what it drew and what its plan found, likewise
         typed.read(record, record.section)
     privacy, run = PrivacySettings.of(config), RunSettings.of(config)
     if privacy.epsilon == math.inf and not run.allow_non_private:

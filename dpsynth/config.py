@@ -239,6 +239,7 @@ SHARED_SECTIONS: tuple[type[Section], ...] = (DatasetSettings, PrivacySettings, 
                                               SamplingSettings, ReleaseSettings, EvaluationSection)
 SHARED_BY_NAME: dict[str, type[Section]] = {kind.section: kind for kind in SHARED_SECTIONS}
 BASE_CONFIG: Config = {name: section_defaults(kind) for name, kind in SHARED_BY_NAME.items()}
+RECORDS: dict[str, type[Section]] = {Drawn.section: Drawn, DerivedPlan.section: DerivedPlan}  # what a run writes
 
 
 # Keys only a run writes: what its DP mechanisms drew, recorded in its ledger. A value set by hand would be published
@@ -281,6 +282,25 @@ def check_not_run_written(keys: Iterable[str], source: str) -> None:
             raise ConfigError(f"{source} {key}: only a run writes this key ({RUN_WRITTEN[key]})")
 
 
+# What a config holds beside its sections: what it is (its schema, method and preset) and the machine a run ran on.
+NOT_SECTIONS = ("schema", "method", "preset", "hardware")
+
+
+def check_known_keys(config: Mapping[str, Any], kinds: Mapping[str, type], source: str) -> None:
+    """ConfigError naming ``source`` (where given) and the first key of ``config`` that neither a section's settings
+    class (``kinds``) nor a run's records (:class:`Drawn`, :class:`DerivedPlan`) has, with the closest known keys: a
+    key set by hand that nothing reads is refused, not ignored."""
+    known = {name: section_defaults(kind) for name, kind in {**kinds, **RECORDS}.items()}
+    for section, values in config.items():
+        if section in NOT_SECTIONS:
+            continue
+        if section not in known:
+            raise _unknown_key(section, known, source)
+        for key in values if isinstance(values, Mapping) else ():
+            if key not in known[section]:
+                raise _unknown_key(f"{section}.{key}", known, source)
+
+
 def schema_of(config: Mapping[str, Any]) -> Any:
     """The ``schema`` a config says it was written in (None where it says none)."""
     return config.get("schema")
@@ -313,10 +333,10 @@ def flat_keys(config: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def _unknown_key(key: str, config: Mapping[str, Any], source: str) -> ConfigError:
-    known = flat_keys(config)
+    known = flat_keys(config) if "." in key else list(config)
     close = difflib.get_close_matches(key, known, n=3)
     hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(known)}"
-    return ConfigError(f"{source}: unknown config key {key!r}; {hint}")
+    return ConfigError(f"{source}: " * bool(source) + f"unknown config key {key!r}; {hint}")
 
 
 def get_value(config: Mapping[str, Any], key: str) -> Any:

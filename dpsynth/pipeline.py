@@ -122,6 +122,7 @@ class Run:
         the ``time.perf_counter()`` at which the caller's command began (default: now)."""
         began = time.perf_counter() if began is None else began
         check_not_run_written(flat_keys(config), "a new run's config:")
+        validate_config(config)  # a dict built by hand is held to what resolve_config checks: no unknown key
         config = run_config_of(config)
         device = pick_device(RunSettings.of(config).device)
         world = World.from_environment(device)

@@ -28,6 +28,7 @@ from dpsynth.config import (
 from dpsynth.diffusion.settings import DiffusionSettings, UNetSettings
 from dpsynth.errors import ConfigError
 from dpsynth.methods import METHODS, get_method
+from dpsynth.pipeline import Run
 from dpsynth.training.private import DiffusionDpsgdSection
 
 
@@ -230,3 +231,27 @@ def test_a_run_written_before_a_key_existed_resumes_with_the_key_at_its_default(
     completed = [json.loads(line) for line in run.file("log.jsonl").read_text().splitlines()
                  if '"config completed"' in line]
     assert len(completed) == 1 and set(newer) <= set(completed[0]["added"])
+
+
+def test_a_key_nothing_reads_is_refused_by_name_in_a_dict_a_new_run_and_a_run_directory(tmp_path):
+    config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
+                            overrides=[f"run.out_dir={tmp_path / 'runs'}"])
+    for typo, key in (({"privacy": {"epsilonn": 3}}, "'privacy.epsilonn'; did you mean privacy.epsilon"),
+                      ({"generatr": {}}, "'generatr'; did you mean generator"),
+                      ({"drawn": {"size": 9}}, "'drawn.size'")):
+        mistyped = copy.deepcopy(config)
+        for section, values in typo.items():
+            mistyped[section] = {**mistyped.get(section, {}), **values}
+        with pytest.raises(ConfigError, match=f"unknown config key {key}"):
+            validate_config(mistyped)
+    mistyped = copy.deepcopy(config)
+    mistyped["frequency"]["no_such_key"] = 3
+    with pytest.raises(ConfigError, match="frequency.no_such_key"):
+        Run.prepare(mistyped)  # a dict a Python user edited: refused before anything is written
+    assert not (tmp_path / "runs").exists()
+    run = stopped_smoke_run("dp-merf", tmp_path)
+    written = run.config()
+    written["generator"]["lr_decayy"] = 0.5
+    run.file("config.yaml").write_text(dump_config(written))
+    with pytest.raises(ConfigError, match=r"config\.yaml: unknown config key 'generator.lr_decayy'"):
+        Run.reopen(str(run.path))
