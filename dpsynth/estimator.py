@@ -3,11 +3,13 @@
     synthesizer = Synthesizer("dpdm", epsilon=10, preset="cpu", dpsgd__epochs=2)
     synthesizer.plan(images, labels, class_names=names).report  # what fit would spend, before it does
     synthesizer.fit(images, labels, class_names=names)     # arrays or tensors; groups= a person's id per image
+    synthesizer.fit_dataset("folder", "/data/scans")        # or files dpsynth reads itself, as dpsynth run does
     synthesizer.privacy["epsilon"], synthesizer.sample(100).images, synthesizer.release("shared/", "imagefolder")
 
 A fit is a run like any other (:func:`dpsynth.pipeline.start`): it writes a run directory under ``out_dir``, with
 its ledger, checkpoints, release and privacy.json, and enters the holder's ledger under the SHA-256 of the arrays
-(:mod:`dpsynth.data.memory`). Keyword settings are configuration keys with ``__`` for the dot.
+(:mod:`dpsynth.data.memory`), or under the dataset's name or path. Keyword settings are configuration keys with
+``__`` for the dot.
 """
 from __future__ import annotations
 
@@ -48,9 +50,9 @@ class Synthesizer:
         self.run: RunDirectory | None = None
         self.stopped: Path | None = None  # the run directory of a fit a stop interrupted, which resume() continues
 
-    def _config(self, data_dir: str) -> Config:
-        return resolve_config(self.method, dataset="memory", data_dir=data_dir, epsilon=self.epsilon,
-                              preset=self.preset, values=self.settings.items())
+    def _config(self, data_dir: str | Path | None, dataset: str = "memory") -> Config:
+        return resolve_config(self.method, dataset=dataset, data_dir=None if data_dir is None else str(data_dir),
+                              epsilon=self.epsilon, preset=self.preset, values=self.settings.items())
 
     def plan(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
              num_classes: int | None = None) -> PrivacyPreview:
@@ -74,36 +76,56 @@ class Synthesizer:
             self.run = start(self._config(data_dir))
         return self
 
-    def resume(self, images: Any, labels: Any, groups: Any = None, class_names: Sequence[str] | None = None,
-               num_classes: int | None = None, run_dir: str | Path | None = None) -> Synthesizer:
+    def fit_dataset(self, name: str, data_dir: str | Path | None = None) -> Synthesizer:
+        """Train on a dataset dpsynth reads itself, as ``dpsynth run --dataset NAME --data-dir DIR`` does: a standard
+        set by name (``fashion-mnist``), or your own files (``folder``: a folder of images, 16-bit PNGs or DICOM, a
+        sub-folder per class or per person; ``npz``), with ``dataset__*`` settings for how; returns itself."""
+        with self._noting_a_stop(None):
+            self.run = start(self._config(data_dir, name))
+        return self
+
+    def plan_dataset(self, name: str, data_dir: str | Path | None = None) -> PrivacyPreview:
+        """:meth:`plan` for the dataset :meth:`fit_dataset` would read."""
+        return privacy_preview(self._config(data_dir, name))
+
+    def resume(self, images: Any = None, labels: Any = None, groups: Any = None,
+               class_names: Sequence[str] | None = None, num_classes: int | None = None,
+               run_dir: str | Path | None = None) -> Synthesizer:
         """Continue the fit a stop interrupted (Ctrl-C; ``run_dir``: that run's directory, default the last stopped
-        fit of this synthesizer) from its last checkpoint, on the same arrays handed over again: its plan, ledger and
-        entry in the holder's ledger go on, so nothing is spent twice. DpsynthError when there is no stopped fit or
-        the arrays are not the ones it read."""
+        fit of this synthesizer) from its last checkpoint, on the same arrays handed over again (none after
+        :meth:`fit_dataset`: dpsynth reads its dataset again): its plan, ledger and entry in the holder's ledger go
+        on, so nothing is spent twice. DpsynthError when there is no stopped fit or the arrays are not the ones it
+        read."""
         directory = run_dir if run_dir is not None else self.stopped
         if directory is None:
             raise DpsynthError(f"this {self.method} Synthesizer has no stopped fit to resume; give run_dir=")
         run = RunDirectory.open(directory)
-        data_dir = hold_arrays(images, labels, groups, class_names, num_classes)
-        if DatasetSettings.of(run.config()).data_dir != data_dir:
-            raise DpsynthError(f"{run.path}: these arrays are not the ones the stopped fit read (their SHA-256 "
-                               "differs): hand over the same images, labels, groups and class names")
+        read, data_dir = DatasetSettings.of(run.config()), None
+        if read.name != "memory" and (images is not None or labels is not None):
+            raise DpsynthError(f"{run.path}: the stopped fit read dataset {read.name}, which dpsynth reads again: "
+                               "resume() without arrays")
+        if read.name == "memory":
+            data_dir = hold_arrays(images, labels, groups, class_names, num_classes)
+            if read.data_dir != data_dir:
+                raise DpsynthError(f"{run.path}: these arrays are not the ones the stopped fit read (their SHA-256 "
+                                   "differs): hand over the same images, labels, groups and class names")
         with self._noting_a_stop(data_dir):
             self.run = resume(str(run.path))
         self.stopped = None
         return self
 
     @contextlib.contextmanager
-    def _noting_a_stop(self, data_dir: str) -> Iterator[None]:
+    def _noting_a_stop(self, data_dir: str | None) -> Iterator[None]:
         """Keep the run directory of a fit that a stop interrupts, for :meth:`resume`; let the arrays named
-        ``data_dir`` go when the fit ends, however it ends (a resume hands them over again)."""
+        ``data_dir`` (if any) go when the fit ends, however it ends (a resume hands them over again)."""
         try:
             yield
         except KeyboardInterrupt as stop:
             self.stopped = getattr(stop, "run_directory", None)
             raise
         finally:
-            let_go(data_dir)
+            if data_dir is not None:
+                let_go(data_dir)
 
     @property
     def run_dir(self) -> Path:

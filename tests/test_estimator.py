@@ -17,7 +17,7 @@ from sklearn.datasets import load_digits
 
 import dpsynth
 from dpsynth.api import dataset_from_config
-from dpsynth.config import parse_overrides
+from dpsynth.config import DatasetSettings, parse_overrides
 from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError, PrivacyWarning
 from dpsynth.methods import METHODS
@@ -56,6 +56,27 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
     assert (synthesizer.release(tmp_path / "png", "imagefolder") / "labels.csv").is_file()
     with pytest.raises(DpsynthError, match="lies inside a run's release/ folder"):
         synthesizer.release(synthesizer.run_dir / "release" / "copy")
+
+
+def test_a_synthesizer_fits_a_dataset_dpsynth_reads_with_the_privacy_of_the_same_command_line_run(tmp_path):
+    settings = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
+    keywords = {key.replace(".", "__"): value for key, value in parse_overrides(settings)}
+    synthesizer = dpsynth.Synthesizer("dp-merf", epsilon=5.0, preset="cpu", out_dir=tmp_path / "api", **keywords)
+    preview = synthesizer.plan_dataset("digits")
+    assert not (tmp_path / "api").exists()
+    assert synthesizer.fit_dataset("digits") is synthesizer
+    assert DatasetSettings.of(synthesizer.run.config()).name == "digits"
+    done = dpsynth_main("run", "dp-merf", "--dataset", "digits", "--epsilon", "5", "--preset", "cpu",
+                        *(part for item in settings for part in ("--set", item)), "--set", f"run.out_dir={tmp_path}")
+    assert done.code == 0, done.err
+    command_line = json.loads(next(tmp_path.glob("dp-merf*/release/privacy.json")).read_text())
+    for key in ("epsilon", "delta", "accountant", "stages", "dataset_size", "dataset_size_rule", "unit"):
+        assert synthesizer.privacy[key] == command_line[key], key
+    assert [stage["name"] for stage in preview.report["stages"]] == [stage["name"] for stage in command_line["stages"]]
+    assert synthesizer.sample(2).images.shape == (2, 1, 8, 8)
+    with pytest.raises(DpsynthError, match=r"read dataset digits, which dpsynth reads again: resume\(\) without"):
+        synthesizer.resume(np.zeros((2, 8, 8), np.uint8), np.zeros(2, int), class_names=NAMES,
+                           run_dir=synthesizer.run_dir)
 
 
 def test_a_synthesizer_names_a_bad_setting_or_array_before_it_trains(tmp_path):
