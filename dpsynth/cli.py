@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from .config import (
 )
 from .diffusion.settings import SAMPLER_NAMES, PretrainSettings
 from .errors import AuditCrash, AuditFailure, DpsynthError
-from .methods import METHODS, create_method, shortcuts
+from .methods import METHODS, create_method, run_config_of, shortcuts
 from .provenance import version_line
 from .utils.messages import printed_to
 
@@ -88,7 +88,7 @@ SIZE_WORDS = {"published": "published size", "declared": "declared public", "noi
               "private": "exact, private: a run plans with a noisy count near it"}
 
 
-def _format_plan(plan: dict[str, Any], config: dict[str, Any]) -> str:
+def _format_plan(plan: dict[str, Any], config: Mapping[str, Any]) -> str:
     lines = [
         f"{method_name(config)} on {DatasetSettings.of(config).name} (N = {plan['dataset_size']}, "
         f"{SIZE_WORDS[plan['dataset_size_rule']]}), preset {preset_name(config)}, accountant {plan['accountant']}",
@@ -127,19 +127,21 @@ def _pretrain_part(args: argparse.Namespace) -> None:
         upscaling = UpscalerTraining(iterations=args.iterations or UpscalerTraining.iterations,
                                      batch_size=args.batch_size or UpscalerTraining.batch_size,
                                      lr=args.lr or UpscalerTraining.lr)
-        saved = train_upscaler([dataset.train], side, args.out, upscaling, device, Path(args.out).name, described)
-        what, use = f"an upscaler to {side} px", f"release.upscaler={saved.folder}"
+        upscaler = train_upscaler([dataset.train], side, args.out, upscaling, device, Path(args.out).name, described)
+        folder, sha256 = upscaler.folder, upscaler.weights_sha256
+        what, use = f"an upscaler to {side} px", f"release.upscaler={folder}"
     else:
         from .models.autoencoder import default_shape
         from .training.autoencoder import AutoencoderTraining, train_autoencoder
         encoding = AutoencoderTraining(iterations=args.iterations or AutoencoderTraining.iterations,
                                        batch_size=args.batch_size or AutoencoderTraining.batch_size,
                                        lr=args.lr or AutoencoderTraining.lr)
-        saved = train_autoencoder([dataset.train], args.out, encoding, default_shape(side), device,
-                                  Path(args.out).name, described)
-        what, use = f"an autoencoder of {side} px images", f"autoencoder.path={saved.folder}"
-    print(f"saved {what} trained on {len(dataset.train)} public {args.dataset} images: {saved.folder} (weights' "
-          f"SHA-256 {saved.weights_sha256})")
+        autoencoder = train_autoencoder([dataset.train], args.out, encoding, default_shape(side), device,
+                                        Path(args.out).name, described)
+        folder, sha256 = autoencoder.folder, autoencoder.weights_sha256
+        what, use = f"an autoencoder of {side} px images", f"autoencoder.path={folder}"
+    print(f"saved {what} trained on {len(dataset.train)} public {args.dataset} images: {folder} (weights' "
+          f"SHA-256 {sha256})")
     print(f"use it: dpsynth run {'METHOD' if args.upscaler else 'dp-ldm'} --set {use} ...")
 
 
@@ -161,14 +163,14 @@ def _pretrain(args: argparse.Namespace) -> None:
         if args.for_method not in _starts_from_public():
             raise DpsynthError(f"--for {args.for_method}: it does not start from a diffusion model; methods that do: "
                                f"{', '.join(_starts_from_public())}")
-        config = resolve_config(args.for_method, preset=args.preset, overrides=method_keys)
+        config = run_config_of(resolve_config(args.for_method, preset=args.preset, overrides=method_keys))
         settings = PretrainSettings.for_method(config, **training)
     elif method_keys or args.preset:
         raise DpsynthError("--preset and --set of model / diffusion keys need --for METHOD (the method to fit)")
     else:
         settings = PretrainSettings(**training)
     dataset, device = _load_dataset(args.dataset, args.data_dir, dataset_keys), pick_device(args.device or "auto")
-    data, extra = dataset.train, {}
+    data, extra = dataset.train, dict[str, Any]()
     if args.for_method:  # DP-LDM's public model learns the autoencoder's latents of the public images
         data, extra = create_method(config).pretraining_data(dataset.train, dataset.info, device)
     out = pretrain(data, args.out, settings, device, dataset.info.class_names, args.dataset,
@@ -258,7 +260,8 @@ def _clean(args: argparse.Namespace) -> None:
     from .data.folder import clear_cache
     from .evaluation.cache import default_cache_dir
 
-    folders = [Path(DatasetSettings.cache_dir).expanduser(), *(Path(path).expanduser() for path in args.cache_dir)]
+    default = Path(str(DatasetSettings.cache_dir)).expanduser()
+    folders = [default, *(Path(path).expanduser() for path in args.cache_dir)]
     features = default_cache_dir() / "features"
     for folder, what in [*((folder, "decoded private images") for folder in folders),
                          (features, "Inception features of real images")]:

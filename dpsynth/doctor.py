@@ -114,7 +114,7 @@ def _public_model(method: str, device: str, root: Path) -> list[str]:
     """For a method that must start from a public model: a tiny one pre-trained for it on glyphs, as an override."""
     if not get_method(method).needs_public_model:
         return []
-    config = resolve_config(method, preset="cpu", overrides=get_method(method).smoke)
+    config = run_config_of(resolve_config(method, preset="cpu", overrides=get_method(method).smoke))
     glyphs = load_dataset(PUBLIC, resolution=8, num_images=124).train
     out = pretrain(glyphs, root / f"{method}-public", PretrainSettings.for_method(config, iterations=2, batch_size=8),
                    pick_device(device), list(GLYPH_CLASSES), PUBLIC)

@@ -224,7 +224,7 @@ class DiffusionGenerator(Generator):
         run's sampler on the model's noise schedule) and ``sampling.json`` (its steps, guidance and guidance
         interval, the null class that guidance contrasts with, the image shape and class names)."""
         settings = self.diffusion_settings
-        self.module.save_pretrained(out / "unet")
+        self.module.save_pretrained(out / "unet")  # type: ignore[operator]  # a diffusers UNet2DModel
         self.diffusion.scheduler(settings.sampler, settings.sample_steps).save_pretrained(out / "scheduler")
         atomic_write_json(out / DIFFUSERS_SAMPLING, {
             "sample_steps": settings.sample_steps, "guidance": settings.guidance,

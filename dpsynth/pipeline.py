@@ -123,25 +123,25 @@ class Run:
         began = time.perf_counter() if began is None else began
         check_not_run_written(flat_keys(config), "a new run's config:")
         validate_config(config)  # a dict built by hand is held to what resolve_config checks: no unknown key
-        config = run_config_of(config)
-        device = pick_device(RunSettings.of(config).device)
+        typed = run_config_of(config)
+        device = pick_device(RunSettings.of(typed).device)
         world = World.from_environment(device)
-        config = world.broadcast_object(with_noisy_shape(config) if world.is_main else None)
-        full = dataset_from_config(config)
+        typed = world.broadcast_object(with_noisy_shape(typed) if world.is_main else None)
+        full = dataset_from_config(typed)
         dataset = full
         if world.is_main:  # one plan for every rank: rank 0 probes its device and derives it
-            config, dataset = planned_config(config, full, world.device(device), draw_size=True)
-        config = world.broadcast_object(config if world.is_main else None)
-        dataset = training_dataset(config, with_public_size(config, dataset))
-        method = create_method(config)  # the run's one method, built from its plan
+            typed, dataset = planned_config(typed, full, world.device(device), draw_size=True)
+        typed = world.broadcast_object(typed if world.is_main else None)
+        dataset = training_dataset(typed, with_public_size(typed, dataset))
+        method = create_method(typed)  # the run's one method, built from its plan
         budget = method_budget(method, dataset.info)
         regime = training_regime(method, dataset.info, budget)
-        check_training_regime(config, regime)  # before the run directory: nothing is spent on a refused plan
-        check_total_epsilon(config, dataset.info, budget, run="")  # likewise the holder's cap on all releases
+        check_training_regime(typed, regime)  # before the run directory: nothing is spent on a refused plan
+        check_total_epsilon(typed, dataset.info, budget, run="")  # likewise the holder's cap on all releases
         check_disjoint(method.public_fingerprints(dataset.info), dataset)
         if world.is_main:  # rank 0 alone builds (once, into the cache) and applies the release's upscaler
-            check_upscaler(config, dataset.info, full, world.device(device))
-        return cls(config, dataset, method, world, budget, regime, began)
+            check_upscaler(typed, dataset.info, full, world.device(device))
+        return cls(typed, dataset, method, world, budget, regime, began)
 
     @classmethod
     def reopen(cls, path: str, overrides: Iterable[tuple[str, Any]] = ()) -> Run:
@@ -182,7 +182,7 @@ class Run:
             self.directory = RunDirectory(self.world.broadcast_object(
                 str(RunDirectory.create(self.config).path) if self.world.is_main else None))
             if self.world.is_main:
-                self._tell_plan()
+                self._tell_plan(self.directory)
         fitting = time.perf_counter()
         with _naming(self.directory):
             try:
@@ -228,9 +228,9 @@ class Run:
         self.method.fit(context)
         return context
 
-    def _tell_plan(self) -> None:
+    def _tell_plan(self, directory: RunDirectory) -> None:
         info = self.dataset.info
-        tell("run directory", f"run directory: {self.directory.path}", path=str(self.directory.path))
+        tell("run directory", f"run directory: {directory.path}", path=str(directory.path))
         if info.shape_decision:
             tell("shape", f"{info.name} read at {info.shape_decision}")
         tell("unit of privacy", f"unit of privacy: {info.unit_words()}")

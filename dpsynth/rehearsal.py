@@ -25,6 +25,7 @@ from .config import (
     DatasetSettings,
     PlanSettings,
     PrivacySettings,
+    RunConfig,
     RunSettings,
     get_value,
     method_name,
@@ -118,7 +119,7 @@ def shrunk_config(config: Config, shrink: int) -> Config:
     return changed
 
 
-def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: int) -> BudgetPlan:
+def shrunk_budget(config: RunConfig, dataset: Dataset, real: BudgetPlan, shrink: int) -> BudgetPlan:
     """The plan of the shrunk ``config``: each calibrated DP-SGD stage at the real plan's sigma / ``shrink`` (its
     steps checked unchanged), the other stages as planned; its target the epsilon it spends on the stand-in."""
     info = dataset.info
@@ -140,7 +141,7 @@ def shrunk_budget(config: Config, dataset: Dataset, real: BudgetPlan, shrink: in
     return replace(real, accountant=accountant, target=spent, stages=events)
 
 
-def describe(real: BudgetPlan, rehearsal: BudgetPlan, rehearsed: Config, stand_in: str, private: str,
+def describe(real: BudgetPlan, rehearsal: BudgetPlan, rehearsed: RunConfig, stand_in: str, private: str,
              shrink: int) -> dict[str, Any]:
     """What rehearsal.json says: whose plan on what, each DP-SGD stage as planned and as rehearsed, and the
     release and evaluation of the rehearsal."""
@@ -180,10 +181,10 @@ def rehearse(config: Config, stand_in: str = DEFAULT_STAND_IN, data_dir: str | N
         raise DataError(f"stand-in {stand_in}: images of {full.info.channels} channel(s), but the private set is "
                         f"declared with dataset.channels={channels}; name a public set that reads at "
                         f"{channels} (--stand-in, --stand-in-dir)")
-    public, _ = planned_config(run_config_of(public), priced_as_private(full, config), device)
-    dataset = training_dataset(public, with_public_size(public, full))
-    real = plan_budget_for(public, dataset.info)
-    rehearsed = run_config_of(shrunk_config(public.to_dict(), shrink))
+    planned, _ = planned_config(run_config_of(public), priced_as_private(full, config), device)
+    dataset = training_dataset(planned, with_public_size(planned, full))
+    real = plan_budget_for(planned, dataset.info)
+    rehearsed = run_config_of(shrunk_config(planned.to_dict(), shrink))
     budget = shrunk_budget(rehearsed, dataset, real, shrink)
     run = RunDirectory.create(rehearsed, name=f"rehearsal-{run_name(rehearsed)}")
     atomic_write_json(run.file(REHEARSAL), describe(real, budget, rehearsed, stand_in, private, shrink))

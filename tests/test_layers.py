@@ -1,4 +1,5 @@
-"""The package's layers only look down (import-linter's contract in pyproject.toml), and a back-import fails it."""
+"""The package's layers only look down (import-linter's contract in pyproject.toml), and a back-import fails it;
+its annotations hold (mypy)."""
 from __future__ import annotations
 
 import ast
@@ -54,13 +55,16 @@ CONVERTERS = {"dpsynth/methods/__init__.py:run_config_of", "dpsynth/methods/__in
               "dpsynth/evaluation/evaluate.py:of"}
 
 
+RAW_DICTS = ("Mapping[str, Any]", "dict[str, Any]", "dict")  # what a raw config is annotated as, but Config
+
+
 def test_below_the_cli_and_pipeline_only_the_converters_take_the_raw_config_dict():
     takers = {f"{path.relative_to(ROOT)}:{node.name}" for path in sorted((ROOT / "dpsynth").rglob("*.py"))
               if not {path.name, path.parent.name} & ABOVE_THE_BOUNDARY
               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
               for arg in node.args.args + node.args.kwonlyargs
               if ast.unparse(arg.annotation or ast.Constant(None)) == "Config" or (
-                  arg.arg == "config" and ast.unparse(arg.annotation or ast.Constant(None)) == "Mapping[str, Any]")}
+                  arg.arg == "config" and ast.unparse(arg.annotation or ast.Constant(None)) in RAW_DICTS)}
     assert takers == CONVERTERS, "a function below the CLI / pipeline takes the config dict; take the RunConfig:\n" \
         + "\n".join(sorted(takers - CONVERTERS))
 
@@ -75,3 +79,9 @@ def test_no_module_but_the_configuration_reads_the_raw_config_dict():
     assert reads == [], "raw reads of the config dict; read the section's settings class:\n" + "\n".join(reads)
     assert RAW_READS.search('dataset = config["dataset"]') and RAW_READS.search('config.get("model", {})')
     assert not RAW_READS.search("model.config[key]")
+
+
+def test_the_package_type_checks(tmp_path: Path):
+    done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "dpsynth"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -22,7 +22,7 @@ from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows, spread_start
 from dpsynth.diffusion.settings import TRAINABLE_GROUPS
 from dpsynth.errors import ConfigError, DataError
-from dpsynth.methods import get_method
+from dpsynth.methods import get_method, run_config_of
 from dpsynth.models import build_unet
 from dpsynth.models.unet import PARAMETER_GROUPS, train_only
 from dpsynth.pipeline import start
@@ -41,7 +41,7 @@ def glyphs(resolution: int = 8, count: int = 124):
 
 
 def public_model(tmp_path, method: str = "dpdm", overrides: tuple[str, ...] = (), data=None):
-    config = resolve_config(method, preset="cpu", overrides=[*UNET, *overrides])
+    config = run_config_of(resolve_config(method, preset="cpu", overrides=[*UNET, *overrides]))
     data = data if data is not None else glyphs()
     return pretrain(data.train, tmp_path / "public", PretrainSettings.for_method(config, iterations=3, batch_size=8),
                     torch.device("cpu"), data.info.class_names, data.info.name)

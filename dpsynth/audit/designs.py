@@ -73,18 +73,15 @@ def dpsgd_step(doubled: bool = False, trainable_only: bool = False) -> Trial:
         data = torch.zeros(RECORDS, dimension)
         if with_canary:
             data = torch.cat([data, _copies(canary, doubled)])
-        model = nn.Sequential(nn.Linear(dimension, 1, bias=False), nn.Linear(1, 1, bias=False))
-        nn.init.zeros_(model[0].weight)
-        nn.init.ones_(model[1].weight)
-        if trainable_only:
-            model[1].weight.requires_grad_(False)
-        else:
-            model = model[0]
+        first, second = nn.Linear(dimension, 1, bias=False), nn.Linear(1, 1, bias=False)
+        nn.init.zeros_(first.weight)
+        nn.init.ones_(second.weight)
+        second.weight.requires_grad_(False)
+        model: nn.Module = nn.Sequential(first, second) if trainable_only else first
         engine = DPSGD(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0),
                        lambda forward, x: forward(x.unsqueeze(0)).sum(), settings=DpsgdSettings(SIGMA, clip, 1.0, 64),
                        num_records=len(data), ledger=ledger, stage=STAGE, noise=noise)
         engine.step(lambda indices: (data[indices],))
-        first = model[0] if trainable_only else model
         return -float(first.weight.detach()[0, 0]) * len(data)
 
     return trial

@@ -16,6 +16,7 @@ from typing import Any
 from ..autoplan.recipes import HOLDER_SIDE, Recipe
 from ..autoplan.rules import parse_duration
 from ..config import Config, DatasetSettings, Drawn, PlanSettings, method_name, preset_name
+from ..errors import DpsynthError
 from ..runs import REHEARSAL
 from .frontier import RELEASED_SHAPE
 from .regime import class_count, data_name, provenance, public_units, recorded_config, trained_side
@@ -65,7 +66,11 @@ def released_channels(run: Path, config: Config) -> int:
     if stated:
         return int(stated[1])
     declared, drawn = DatasetSettings.of(config).channels, Drawn.of(config).shape
-    return int(declared) if isinstance(declared, int) else int(drawn[0])
+    if isinstance(declared, int):
+        return declared
+    if drawn is None:
+        raise DpsynthError(f"{run}: no datasheet, config or drawn record gives the release's channels")
+    return int(drawn[0])
 
 
 def real_cnn_path(results: Path, data: str, side: int) -> Path:

@@ -96,7 +96,7 @@ class PretrainSettings:
             raise ConfigError(f"pretrain lr must be positive, got {self.lr}")
 
     @classmethod
-    def for_method(cls, config: dict[str, Any], **training: Any) -> PretrainSettings:
+    def for_method(cls, config: RunConfig, **training: Any) -> PretrainSettings:
         """Settings whose UNet and diffusion are those of a method's resolved ``config`` (its ``model`` and
         ``diffusion`` sections), class-conditional, so a run of that method can start from the model."""
         model = section_settings(UNetSettings, config, "model")

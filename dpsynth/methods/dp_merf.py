@@ -11,11 +11,9 @@ is its noisy sum over its noisy size; the paper divides by the public N instead,
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from ..config import section_settings
+from ..config import RunConfig, section_settings
 from ..data import DatasetInfo
 from ..generators import Generator, OneStepArchitecture, OneStepGenerator
 from ..models.generator import ConditionalGenerator
@@ -58,7 +56,7 @@ class DPMERF(Method):
         "cpu": {**CPU_PROTOCOL, "frequency": {"bandwidth_scaling": "values"}},
     }
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.frequency_settings = section_settings(FrequencySettings, config, "frequency")
         self.generator_settings = section_settings(GeneratorSettings, config, "generator")
@@ -73,7 +71,7 @@ class DPMERF(Method):
                                                 device, GENERATOR_PHASE))
 
     @classmethod
-    def phase_units(cls, config: dict[str, Any], num_images: float) -> dict[str, float]:
+    def phase_units(cls, config: RunConfig, num_images: float) -> dict[str, float]:
         generator = section_settings(GeneratorSettings, config, "generator")
         return {FEATURES_PHASE: num_images, GENERATOR_PHASE: generator.epochs * generator.iterations_per_epoch}
 

@@ -101,7 +101,8 @@ def _latent_map(model: torch.nn.Module, images: torch.Tensor, work: int, rows: i
     """On (up to ``rows`` of) the public images, each latent channel's mean and standard deviation, and 1 over the
     :data:`LATENT_QUANTILE` of the standardised latents' magnitude (:meth:`SavedAutoencoder.latent_map`)."""
     chosen = images[torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:rows]]
-    latents = torch.cat([model.cpu().encode(padded(part, work) * 2 - 1).latent_dist.mean for part in chosen.split(256)])
+    latents = torch.cat([model.cpu().encode(padded(part, work) * 2 - 1).latent_dist.mean  # type: ignore[operator]
+                         for part in chosen.split(256)])  # (a diffusers AutoencoderKL)
     mean, std = latents.mean((0, 2, 3), keepdim=True), latents.std((0, 2, 3), keepdim=True).clamp(min=1e-6)
     magnitude = ((latents - mean) / std).abs().flatten()[:2 ** 24]
     return {"latent_mean": [round(value, 6) for value in mean.flatten().tolist()],

@@ -118,7 +118,7 @@ class PrivateEvolution(Method):
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.api_settings = section_settings(ApiSettings, config, "api")
-        self.settings = section_settings(EvolutionSettings, config, "pe")
+        self.evolution = section_settings(EvolutionSettings, config, "pe")
         if self.api_settings.name not in api_names():
             raise ConfigError(f"api.name must be one of {', '.join(api_names())} (or an API registered with "
                               f"dpsynth.methods.pe.apis.register_api), got {self.api_settings.name!r}")
@@ -128,13 +128,13 @@ class PrivateEvolution(Method):
         self.info: DatasetInfo | None = None
 
     def class_balance(self) -> str:
-        if self.settings.class_counts == "balanced":
+        if self.evolution.class_counts == "balanced":
             return super().class_balance()
         return (f"in proportion to DP counts of the private classes (stage {COUNTS_STAGE}, Gaussian noise of std "
-                f"{self.settings.count_noise:g}): the release shows the class sizes only through that noise")
+                f"{self.evolution.count_noise:g}): the release shows the class sizes only through that noise")
 
     def privacy_stages(self, info: DatasetInfo) -> list[PlannedStage]:
-        settings, stages = self.settings, []
+        settings, stages = self.evolution, []
         if settings.class_counts == "noisy":
             stages.append(PlannedStage(COUNTS_STAGE, GaussianMechanism(settings.count_noise)))
         if settings.noise_multiplier is None:
@@ -151,7 +151,7 @@ class PrivateEvolution(Method):
         settings = self.api_settings
         if settings.name == "drawtext" or settings.name == "diffusion" and not settings.model:
             return {}
-        if settings.name == "diffusion":
+        if settings.name == "diffusion" and settings.model:
             from ...diffusion.pretrain import model_label, public_fingerprints  # diffusers' import: this API alone
 
             label, prints = model_label("api.model", settings.model), public_fingerprints(settings.model)
@@ -170,7 +170,7 @@ class PrivateEvolution(Method):
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """The API's random and variation calls (the release's unit: a variation at the last degree), the
         embedding and the votes, on the API's own images and random embeddings (nothing private)."""
-        settings, generator = self.settings, torch.Generator().manual_seed(0)
+        settings, generator = self.evolution, torch.Generator().manual_seed(0)
         info = DatasetInfo("probe", *shape, [str(c) for c in range(num_classes)], "probe")
         api = cache(lambda: build_api(self.api_settings, info, device))  # the probe's own, at its shape
         embed = cache(lambda: build_embedding(settings.embedding, device))
@@ -228,7 +228,7 @@ class PrivateEvolution(Method):
     def fit(self, context: RunContext) -> None:
         """Draw the first population (or resume it), then per iteration: the lookahead points, the DP histograms of
         the private votes, the next generation; the :meth:`callbacks` see each generation."""
-        info, settings, degrees = context.dataset.info, self.settings, self.settings.schedule()
+        info, settings, degrees = context.dataset.info, self.evolution, self.evolution.schedule()
         api = self.built_api(info, context.device)
         embed = build_embedding(settings.embedding, context.device)
         event = context.planned_event(HISTOGRAMS_STAGE, GaussianMechanism)
@@ -265,7 +265,7 @@ class PrivateEvolution(Method):
         return [*kept, NonPrivateDistance(votes.private, embed)]
 
     def non_private_outputs(self) -> list[str]:
-        if not self.settings.debug_nonprivate_fd:
+        if not self.evolution.debug_nonprivate_fd:
             return []
         return [f"{LOG}: the pe-debug-NONPRIVATE events (pe.debug_nonprivate_fd) hold each iteration's Fréchet "
                 "distance to the private set, which no epsilon covers; do not share that log"]
@@ -280,7 +280,7 @@ class PrivateEvolution(Method):
 
     def _class_sizes(self, context: RunContext) -> list[int]:
         """Population size per class: ``pe.population`` split by the noisy class sizes (or evenly)."""
-        info, settings = context.dataset.info, self.settings
+        info, settings = context.dataset.info, self.evolution
         total, classes = settings.population, info.num_classes
         if total < classes:
             raise ConfigError(f"pe.population must be at least the number of classes ({classes}), got {total}")
@@ -305,7 +305,7 @@ class PrivateEvolution(Method):
             extra = size - len(chosen)
             if extra > 0:
                 parents = samples.take(torch.randint(len(samples), (extra,), generator=generator))
-                varied = self.api.variation_api(parents, label, self.settings.schedule()[-1], generator)
+                varied = self.api.variation_api(parents, label, self.evolution.schedule()[-1], generator)
                 chosen = Samples.joined([chosen, varied])
             images.append(chosen.images)
             labels.append(torch.full((size,), label))

@@ -29,15 +29,16 @@ class Population:
     @classmethod
     def drawn(cls, context: RunContext, api: ImageAPI, sizes: list[int]) -> Population:
         """RANDOM_API's ``sizes[c]`` samples of each class c."""
-        return cls(api, [Samples.joined(across_ranks(context, size, lambda part, generator, label=label:
-                                                     api.random_api(label, len(part), generator)))
+        def random(label: int) -> Callable[[range, torch.Generator], Samples]:
+            return lambda part, generator: api.random_api(label, len(part), generator)
+        return cls(api, [Samples.joined(across_ranks(context, size, random(label)))
                          for label, size in enumerate(sizes)])
 
     @classmethod
     def restored(cls, api: ImageAPI, parts: dict[str, list[torch.Tensor | None]]) -> Population:
         """The population a checkpoint holds (:meth:`parts`)."""
-        return cls(api, [Samples(images, params) for images, params in zip(parts["images"], parts["params"],
-                                                                            strict=True)])
+        pairs = zip(parts["images"], parts["params"], strict=True)  # params may be None, images never
+        return cls(api, [Samples(images, params) for images, params in pairs])  # type: ignore[arg-type]
 
     def parts(self) -> dict[str, list[torch.Tensor | None]]:
         """Its images and parameters, per class, as a checkpoint keeps them."""
