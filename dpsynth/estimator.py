@@ -4,7 +4,8 @@
     synthesizer.plan(images, labels, class_names=names).report  # what fit would spend, before it does
     synthesizer.fit(images, labels, class_names=names)     # arrays or tensors; groups= a person's id per image
     synthesizer.fit_dataset("folder", "/data/scans")        # or files dpsynth reads itself, as dpsynth run does
-    synthesizer.privacy["epsilon"], synthesizer.sample(100).images, synthesizer.release("shared/", "imagefolder")
+    synthesizer.privacy["epsilon"], synthesizer.metrics["fid"], synthesizer.sample(100).images
+    synthesizer.release("shared/", "imagefolder")
 
 A fit is a run like any other (:func:`dpsynth.pipeline.start`): it writes a run directory under ``out_dir``, with
 its ledger, checkpoints, release and privacy.json, and enters the holder's ledger under the SHA-256 of the arrays
@@ -26,7 +27,7 @@ from .api import PrivacyPreview, load_generator, privacy_preview, resolve_config
 from .config import Config, DatasetSettings
 from .data.memory import hold_arrays, let_go
 from .errors import DpsynthError
-from .evaluation import Release, read_release
+from .evaluation import METRICS, Release, read_release
 from .export import export_release
 from .generators import Samples
 from .methods import get_method
@@ -138,6 +139,16 @@ class Synthesizer:
     def privacy(self) -> dict[str, Any]:
         """The release's privacy report (privacy.json): its ε and δ from the ledger, each stage's mechanisms."""
         return json.loads((self.run_dir / PRIVACY).read_text())
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The release's evaluation against the real images (metrics.json: FID, KID, precision and recall, each
+        downstream classifier's accuracy, the model selection's ε); DpsynthError where the fit did not evaluate."""
+        path = self.run_dir / METRICS
+        if not path.is_file():
+            raise DpsynthError(f"{self.run_dir}: the fit was not evaluated (evaluation.enabled is false); fit with "
+                               "evaluation__enabled=True, or evaluate the run with dpsynth evaluate")
+        return json.loads(path.read_text())
 
     @property
     def synthetic(self) -> Release:

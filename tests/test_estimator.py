@@ -51,6 +51,8 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
         dataset_from_config(synthesizer.run.config())
     assert synthesizer.synthetic.images.shape == (20, 1, 8, 8) and synthesizer.synthetic.class_names == tuple(NAMES)
     assert synthesizer.sample(3).images.shape == (3, 1, 8, 8)  # the released model, at no further epsilon
+    with pytest.raises(DpsynthError, match="the fit was not evaluated"):
+        _ = synthesizer.metrics
     shared = synthesizer.release(tmp_path / "shared")
     assert (shared / "privacy.json").read_bytes() == (synthesizer.run_dir / "release" / "privacy.json").read_bytes()
     assert (synthesizer.release(tmp_path / "png", "imagefolder") / "labels.csv").is_file()
@@ -60,7 +62,10 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
 
 def test_a_synthesizer_fits_a_dataset_dpsynth_reads_with_the_privacy_of_the_same_command_line_run(tmp_path):
     settings = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
-    keywords = {key.replace(".", "__"): value for key, value in parse_overrides(settings)}
+    evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=20", "evaluation.num_real=20",
+                  "evaluation.classifiers=[]", "evaluation.kid_subsets=2", "evaluation.kid_subset_size=10",
+                  f"evaluation.cache_dir={tmp_path / 'cache'}"]
+    keywords = {key.replace(".", "__"): value for key, value in parse_overrides([*settings, *evaluation])}
     synthesizer = dpsynth.Synthesizer("dp-merf", epsilon=5.0, preset="cpu", out_dir=tmp_path / "api", **keywords)
     preview = synthesizer.plan_dataset("digits")
     assert not (tmp_path / "api").exists()
@@ -74,6 +79,8 @@ def test_a_synthesizer_fits_a_dataset_dpsynth_reads_with_the_privacy_of_the_same
         assert synthesizer.privacy[key] == command_line[key], key
     assert [stage["name"] for stage in preview.report["stages"]] == [stage["name"] for stage in command_line["stages"]]
     assert synthesizer.sample(2).images.shape == (2, 1, 8, 8)
+    assert {key: synthesizer.metrics["images"][key] for key in ("synthetic", "real")} == {"synthetic": 20, "real": 20}
+    assert synthesizer.metrics["fid"] == json.loads((synthesizer.run_dir / "metrics.json").read_text())["fid"]
     with pytest.raises(DpsynthError, match=r"read dataset digits, which dpsynth reads again: resume\(\) without"):
         synthesizer.resume(np.zeros((2, 8, 8), np.uint8), np.zeros(2, int), class_names=NAMES,
                            run_dir=synthesizer.run_dir)
