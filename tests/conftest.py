@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("alone"):
                 item.add_marker(pytest.mark.skip(reason="needs the machine to itself: run with pytest -m alone"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The ledgers of what a module's or the session's fixture runs (set before any of them, which a test's own
+    folders below are not) in the session's folder, never the user's holder's ledger."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path_factory.mktemp("session-ledgers")))
+        patch.setenv("DPSYNTH_RELEASES", str(tmp_path_factory.mktemp("session-holder") / "releases.json"))
+        yield
 
 
 @pytest.fixture(autouse=True)

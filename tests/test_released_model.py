@@ -28,6 +28,7 @@ from dpsynth.methods import METHODS
 from dpsynth.methods.base import Method
 from dpsynth.pipeline import start
 from dpsynth.privacy.randomness import secret_generator, stream_key
+from dpsynth.privacy.releases import HolderLedger
 from dpsynth.runs import RunDirectory
 from dpsynth.utils.images import to_uint8
 
@@ -46,6 +47,13 @@ def released_run(root: Path, method: str, *extra: str) -> RunDirectory:
 @pytest.fixture(scope="module")
 def dpdm_run(tmp_path_factory: pytest.TempPathFactory) -> RunDirectory:
     return released_run(tmp_path_factory.mktemp("runs"), "dpdm")
+
+
+def test_a_module_fixtures_run_enters_the_sessions_holder_ledger_never_the_users(dpdm_run, monkeypatch):
+    run = str(dpdm_run.path.resolve())
+    monkeypatch.delenv("DPSYNTH_RELEASES")
+    assert run not in {entry.run for entry in HolderLedger().releases()}  # ~/.local/share/dpsynth/releases.json
+    assert json.loads(dpdm_run.file("release/privacy.json").read_text())["releases"]["number"] == 1
 
 
 def test_every_method_either_gives_its_generator_or_says_why_not():
