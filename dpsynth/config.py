@@ -336,7 +336,8 @@ def _unknown_key(key: str, config: Mapping[str, Any], source: str) -> ConfigErro
     known = flat_keys(config) if "." in key else list(config)
     close = difflib.get_close_matches(key, known, n=3)
     hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(known)}"
-    return ConfigError(f"{source}: " * bool(source) + f"unknown config key {key!r}; {hint}")
+    where = f"{source}: " if source else ""
+    return ConfigError(f"{where}unknown config key {key!r}; {hint}")
 
 
 def get_value(config: Mapping[str, Any], key: str) -> Any:
