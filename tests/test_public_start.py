@@ -22,6 +22,7 @@ from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.pretrain import PretrainSettings, init_from_public, pretrain, spread_rows, spread_start
 from dpsynth.diffusion.settings import TRAINABLE_GROUPS
 from dpsynth.errors import ConfigError, DataError
+from dpsynth.methods import base as methods_base
 from dpsynth.methods import get_method, run_config_of
 from dpsynth.models import build_unet
 from dpsynth.models.unet import PARAMETER_GROUPS, train_only
@@ -192,7 +193,10 @@ def test_dp_merf_releases_its_means_once_with_the_calibrated_noise(tmp_path):
         assert release["images"].shape == (20, 1, 8, 8) and set(release["labels"].tolist()) == set(range(10))
 
 
-def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends_the_rest_on_dp_sgd(tmp_path):
+def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends_the_rest_on_dp_sgd(tmp_path,
+                                                                                                      monkeypatch):
+    loads, load = [], methods_base.load_public
+    monkeypatch.setattr(methods_base, "load_public", lambda *args: (loads.append(args[0]), load(*args))[1])
     run = run_on_digits(tmp_path, "privimage", "selection.public_num_images=124", "selection.top_k=2",
                         "selection.classifier_epochs=1", "selection.ratio=0.1", "public_pretrain.iterations=2",
                         "public_pretrain.batch_size=8")
@@ -206,6 +210,7 @@ def test_privimage_pretrains_on_the_classes_its_dp_histogram_selects_then_spends
     assert sorted(selection["matched"].values()) == sorted(selection["classes"])
     assert set(selection["matched"]) < set(map(str, range(10)))
     assert [e["phase"] for e in log if e["event"] == "warm-up"] == ["pretrain-public"]
+    assert loads == ["glyphs"]  # the public set read once: the run's check of it and the fit share it
 
 
 def test_the_semantic_histogram_counts_each_private_class_in_its_own_row_at_the_cost_of_one():

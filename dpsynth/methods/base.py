@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..config import SHARED_BY_NAME, Config, RunConfig, SamplingSettings, section_defaults, section_settings
-from ..data import DatasetInfo, ImageSet
+from ..data import DatasetInfo, ImageSet, load_public
 from ..diffusion.settings import sampling_units
 from ..errors import ConfigError
 from ..generators import Generator
@@ -101,6 +101,7 @@ class Method(ABC):
         self.config = config
         self.sampling = SamplingSettings.of(config)  # how generate() chunks and computes the release
         self._public_prints: dict[str, np.ndarray] | None = None
+        self._public_sets: dict[tuple[Any, ...], tuple[ImageSet, list[str]]] = {}
 
     @classmethod
     def defaults(cls) -> Config:
@@ -165,6 +166,16 @@ class Method(ABC):
         if self._public_prints is None:
             self._public_prints = self.public_data(info)
         return self._public_prints
+
+    def public_set(self, name: str, data_dir: str | None, info: DatasetInfo, num_images: int | None = None
+                   ) -> tuple[ImageSet, list[str]]:
+        """The public dataset ``name`` at ``info``'s shape, with its class names
+        (:func:`~dpsynth.data.registry.load_public`), read once: the run's check of it, the planner's probe and the
+        fit share it."""
+        key = (name, data_dir, info.channels, info.height, num_images)
+        if key not in self._public_sets:
+            self._public_sets[key] = load_public(name, data_dir, info, num_images)
+        return self._public_sets[key]
 
     def throughput_probes(self, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> Probes:
         """What the planner's probe times on random public tensors of ``shape`` (none by default)."""

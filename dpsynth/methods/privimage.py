@@ -29,7 +29,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..config import RunConfig, one_of, positive, preset_with, section_settings
-from ..data import DatasetInfo, ImageSet, load_public
+from ..data import DatasetInfo, ImageSet
 from ..data.fingerprints import fingerprints
 from ..diffusion.settings import CLASS_STARTS, UNetSettings
 from ..errors import ConfigError
@@ -153,7 +153,7 @@ class PrivImage(DPDM):
 
     def _public(self, info: DatasetInfo) -> tuple[ImageSet, list[str]]:
         settings = self.selection_settings
-        return load_public(settings.public, settings.public_data_dir, info, settings.public_num_images)
+        return self.public_set(settings.public, settings.public_data_dir, info, settings.public_num_images)
 
     def warm_up(self, context: RunContext) -> Callable[[torch.nn.Module], None]:
         """The public pre-training on the selected classes."""

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ...config import DatasetSettings, RunConfig, SamplingSettings, at_least, positive, preset_with, section_settings
-from ...data import DatasetInfo, load_public
+from ...data import DatasetInfo
 from ...data.fingerprints import fingerprints
 from ...errors import ConfigError
 from ...evaluation.downstream import correct_count
@@ -242,7 +242,7 @@ class DPImgSyn(Method):
     def _public_images(self, info: DatasetInfo) -> torch.Tensor:
         """Every image of the public dataset, converted to the private images' size and channels."""
         settings = self.alignment_settings
-        return load_public(settings.public, settings.public_data_dir, info)[0].images
+        return self.public_set(settings.public, settings.public_data_dir, info)[0].images
 
     def _moment_scaling(self, teacher: torch.nn.Module, public: torch.Tensor | None, shape: tuple[int, ...],
                         device: torch.device) -> MomentScaling:
