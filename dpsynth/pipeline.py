@@ -35,7 +35,6 @@ from .config import (
     method_name,
     schema_of,
     set_value,
-    with_drawn,
 )
 from .data import Dataset, DatasetInfo
 from .data.fingerprints import check_disjoint
@@ -63,6 +62,7 @@ from .planning import (
     resolve_delta,
     training_dataset,
     training_regime,
+    with_noisy_size,
     with_public_size,
 )
 from .privacy import (
@@ -74,7 +74,7 @@ from .privacy import (
     ledger_report,
     non_private_stages,
 )
-from .privacy.dataset_facts import draws_noisy_shape, noisy_total, record_drawn, with_noisy_shape
+from .privacy.dataset_facts import draws_noisy_shape, record_drawn, with_noisy_shape
 from .privacy.randomness import SecretStream, mersenne_state, secret_generator, stream_key
 from .privacy.releases import total
 from .provenance import provenance, public_data_digests
@@ -377,15 +377,15 @@ def _with_size(run: RunDirectory, config: RunConfig, dataset: Dataset) -> RunCon
     """``config`` with a noisy count of the private set's size drawn and written to config.yaml
     (``drawn.dataset_size``) when the size is not public and none was drawn yet (a bench cell before its first
     start)."""
-    if with_public_size(config, dataset).info.size_rule != "private":
+    drawn = with_noisy_size(config, dataset)
+    if drawn is config:
         return config
     if run.file(CHECKPOINT).exists():
         raise DpsynthError(f"{run.path}: this run was started by a dpsynth that planned with the exact size of "
                            "private data; it cannot resume under the rule that keeps that size private: start it "
                            "again")
-    config = with_drawn(config, dataset_size=noisy_total(dataset, config))
-    run.write_config(config)
-    return config
+    run.write_config(drawn)
+    return drawn
 
 
 def user_seed(config: RunConfig) -> int | None:

@@ -73,6 +73,14 @@ def with_public_size(config: RunConfig, dataset: Dataset) -> Dataset:
     return replace(dataset, info=replace(info, public_train=size, size_rule=how))
 
 
+def with_noisy_size(config: RunConfig, dataset: Dataset) -> RunConfig:
+    """``config`` with a noisy count of ``dataset``'s size drawn (``drawn.dataset_size``; the run records
+    :data:`~dpsynth.privacy.dataset_facts.SIZE`) where its size is not public and none was drawn yet."""
+    if with_public_size(config, dataset).info.size_rule != "private":
+        return config
+    return with_drawn(config, dataset_size=noisy_total(dataset, config))
+
+
 def draws_images_per_group(config: RunConfig, info: DatasetInfo) -> bool:
     """Whether a run of ``config`` on ``info`` prices a person's DP-SGD step by a noisy mean of their images: a
     derived plan on data with groups whose cap (``privacy.max_images_per_group``) the user left at its default."""
@@ -242,8 +250,8 @@ def planned_config(config: RunConfig, dataset: Dataset, device: torch.device, dr
     from .autoplan.plan import derive_config
 
     began = time.perf_counter()
-    if draw_size and with_public_size(config, dataset).info.size_rule == "private":
-        config = with_drawn(config, dataset_size=noisy_total(dataset, config))
+    if draw_size:
+        config = with_noisy_size(config, dataset)
     dataset = with_public_size(config, dataset)
     if draw_size and draws_images_per_group(config, dataset.info) and \
             config.drawn.images_per_group is None:
