@@ -69,8 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def session_ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The ledgers of what a module's or the session's fixture runs (set before any of them, which a test's own
-    folders below are not) in the session's folder, never the user's holder's ledger."""
+    """Every ledger in the session's folder, set before any module's or session's fixture runs (a test's own, below,
+    are set for the test alone): never the user's holder's ledger."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DPSYNTH_LEDGER_DIR", str(tmp_path_factory.mktemp("session-ledgers")))
         patch.setenv("DPSYNTH_RELEASES", str(tmp_path_factory.mktemp("session-holder") / "releases.json"))
