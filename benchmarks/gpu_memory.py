@@ -17,7 +17,7 @@ from torch import nn
 from dpsynth.autoplan.memory import ChunkMemory, chunk_memory
 from dpsynth.diffusion import Diffusion
 from dpsynth.diffusion.settings import UNetSettings
-from dpsynth.methods.dp_imgsyn import TeacherSettings
+from dpsynth.methods.dp_imgsyn.method import TeacherSettings
 from dpsynth.models import build_unet, group_norm_resnet
 from dpsynth.privacy.per_example import BatchedGradients
 from dpsynth.training.private import DiffusionDpsgdSection

@@ -28,8 +28,8 @@ from trained import finished_run, mean_spread
 from dpsynth.evaluation import EvaluationSettings
 from dpsynth.evaluation.downstream import TrainingSettings, downstream_accuracy
 from dpsynth.evaluation.release import Release
-from dpsynth.methods.dp_imgsyn import DPImgSyn
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_images, uniform_targets
+from dpsynth.methods.dp_imgsyn.method import DPImgSyn
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.batch_statistics import BatchStatistics, MomentScaling
 from dpsynth.utils.images import to_uint8

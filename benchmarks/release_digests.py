@@ -27,7 +27,7 @@ SEED = 7
 def release_digest(method: str, root: Path) -> str:
     """The SHA-256 of the images and labels of ``method``'s seeded smoke release."""
     config = resolve_config(method, dataset="digits", epsilon=5.0, preset="cpu",
-                            overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.seed={SEED}",
+                            overrides=[*METHODS[method].declaration.smoke, *COMMON, "run.device=cpu", f"run.seed={SEED}",
                                        f"run.out_dir={root}", f"privacy.holder_ledger={root / 'releases.json'}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the seeded noise's warning: known

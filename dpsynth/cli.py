@@ -565,7 +565,7 @@ def _add_method_options(parser: argparse.ArgumentParser, epsilon_help: str) -> N
     parser.add_argument("--time-limit", metavar="DURATION",
                         help="a hard limit, any preset: training stops early (leaving what the plan expects after it) "
                              "and the run releases what it trained, spending less epsilon (run.time_limit)")
-    for option, (key, text, metavar) in shortcuts().items():  # the methods' own (Method.shortcuts)
+    for option, (key, text, metavar) in shortcuts().items():  # the methods' declared ones
         parser.add_argument(option, metavar=metavar, help=f"{text} ({key})")
     parser.add_argument("--release-model", action="store_true",
                         help="release the trained generator beside the images (model.safetensors, model.json), so "

@@ -63,7 +63,7 @@ def datasheet(report: dict[str, Any], method: Method, info: DatasetInfo, labels:
     what the release is, its guarantee (in numbers and in plain words), the generator when ``model`` is released with
     the images, what was public, what was not released, images per class, and what it is not."""
     dataset = DatasetSettings.of(config)
-    title = dataset.title or f"Synthetic images imitating `{data_name(info)}`, made with {method.name}"
+    title = dataset.title or f"Synthetic images imitating `{data_name(info)}`, made with {method.declaration.name}"
     return "\n".join([
         f"# {title}", "", *([dataset.description, ""] if dataset.description else []),
         "A differentially private synthetic release made by dpsynth. The files this folder's `privacy.json` lists "
@@ -134,8 +134,8 @@ def _what(report: dict[str, Any], method: Method, info: DatasetInfo, labels: np.
               if model is not None else []),
             *_lifted(report),
             f"- They imitate the training split of `{data_name(info)}` ({info.num_classes} classes).",
-            f"- Method: `{method.name}`, {method.description}.",
-            f"- {method.paper.markdown().removeprefix('**Paper:** ')}",
+            f"- Method: `{method.declaration.name}`, {method.declaration.description}.",
+            f"- {method.declaration.paper.markdown().removeprefix('**Paper:** ')}",
             f"- Made by dpsynth {made['version']} (commit {made['commit'] or 'unknown'}), released "
             f"{report['released']}.", *_uncommitted(made['commit']), *_stopped(report)]
 

@@ -87,8 +87,8 @@ def _run_and_check(method: str, device: str, root: Path) -> str:
     model = [] if get_method(method).no_generator else ["release.model=true"]
     config = run_config_of(resolve_config(
         method, dataset=DATASET, epsilon=EPSILON, preset="cpu",
-        overrides=[*get_method(method).smoke, *COMMON, *public, *model, f"run.device={device}", f"run.out_dir={root}",
-                   f"privacy.holder_ledger={root / 'releases.json'}"]))
+        overrides=[*get_method(method).declaration.smoke, *COMMON, *public, *model, f"run.device={device}",
+                   f"run.out_dir={root}", f"privacy.holder_ledger={root / 'releases.json'}"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny configuration's own warnings (small batches) are expected
         prepared, run = stopped_after_checkpoint(config)
@@ -114,7 +114,7 @@ def _public_model(method: str, device: str, root: Path) -> list[str]:
     """For a method that must start from a public model: a tiny one pre-trained for it on glyphs, as an override."""
     if not get_method(method).needs_public_model:
         return []
-    config = run_config_of(resolve_config(method, preset="cpu", overrides=get_method(method).smoke))
+    config = run_config_of(resolve_config(method, preset="cpu", overrides=get_method(method).declaration.smoke))
     glyphs = load_dataset(PUBLIC, resolution=8, num_images=124).train
     out = pretrain(glyphs, root / f"{method}-public", PretrainSettings.for_method(config, iterations=2, batch_size=8),
                    pick_device(device), list(GLYPH_CLASSES), PUBLIC)

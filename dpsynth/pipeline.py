@@ -280,14 +280,14 @@ def resumable(path: str) -> RunDirectory:
 
 
 # What a resumed run of any method may change: where and in what chunks it computes and whether the release holds
-# the model, never what it computes (the privacy plan, the model); a method adds its own (Method.resume_settings).
+# the model, never what it computes (the privacy plan, the model); a method declares its own (resume_settings).
 RESUME_SETTINGS = ("run.device", "run.threads", "run.time_limit", "sampling.batch_size", "*.physical_batch_size",
                    "release.model")
 
 
 def resume_settings(config: Config) -> tuple[str, ...]:
     """The keys a resumed run of ``config``'s method may change."""
-    return (*RESUME_SETTINGS, *get_method(method_name(config)).resume_settings)
+    return (*RESUME_SETTINGS, *get_method(method_name(config)).declaration.resume_settings)
 
 
 def _resume_setting(key: str, allowed: tuple[str, ...]) -> bool:

@@ -91,7 +91,7 @@ def generated(kind: str, args: list[str]) -> str:
     if kind == "plan":
         return plans.quote(RESULTS / args[0], args[1])
     if kind == "paper":
-        return get_method(args[0]).paper.markdown()
+        return get_method(args[0]).declaration.paper.markdown()
     if kind == "loads":
         return folder_loads(RESULTS / args[0])
     if kind == "odds":

@@ -29,10 +29,15 @@ from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.doctor import COMMON, stopped_after_checkpoint
 from dpsynth.hardware import usable_cores
-from dpsynth.methods import METHODS, run_config_of
+from dpsynth.methods import declarations, run_config_of
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.randomness import SecretStream, derived_key
 from dpsynth.runs import RunDirectory
+
+
+def smoke(method: str) -> list[str]:
+    """``--set`` pairs of ``method``'s declared smoke run (a few steps of every stage) on this CPU."""
+    return [*declarations()[method].smoke, *COMMON, "run.device=cpu"]
 
 
 def secret_stream(seed: int = 0) -> SecretStream:
@@ -274,7 +279,7 @@ def stopped_smoke_run(method: str, root: Path, epsilon: float = 5.0) -> RunDirec
     """A smoke run of ``method`` on sklearn's digits (its ``cpu`` preset) under ``root``, stopped as a crash would stop
     it right after its first checkpoint that follows a recorded mechanism (the doctor's stop)."""
     config = resolve_config(method, dataset="digits", epsilon=epsilon, preset="cpu",
-                            overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}"])
+                            overrides=[*smoke(method), f"run.out_dir={root}"])
     return stopped_after_checkpoint(run_config_of(config))[1]
 
 
@@ -326,7 +331,7 @@ def tiny_dp_sad(out_dir: Path, *extra: str, threads: str | None = None) -> list[
         f"run.threads={threads}"), *RDP]
 
 
-MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
+MERF = smoke("dp-merf")
 
 
 def write_patients(root, patients: int = 12, scans: int = 2, side: int = 28) -> None:

@@ -5,6 +5,7 @@ import importlib
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -18,8 +19,8 @@ from dpsynth.methods import METHODS, REGISTERED
 def toy() -> Iterator[str]:
     """The toy method registered (by importing its file), unregistered afterwards."""
     module = importlib.import_module("toy_method")
-    yield module.NoisyClassMeans.name
-    REGISTERED.pop(module.NoisyClassMeans.name)
+    yield module.NoisyClassMeans.declaration.name
+    REGISTERED.pop(module.NoisyClassMeans.declaration.name)
     sys.modules.pop("toy_method")
 
 
@@ -44,7 +45,7 @@ def test_a_method_in_one_file_passes_the_doctor(toy: str, capsys: pytest.Capture
 
 def test_the_doctor_says_which_method_failed_and_why(toy: str, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(METHODS[toy], "smoke", ("means.clip=-1",))
+    monkeypatch.setattr(METHODS[toy], "declaration", replace(METHODS[toy].declaration, smoke=("means.clip=-1",)))
     assert main(["doctor", "--device", "cpu", "--methods", toy, "pe"]) == 2
     out, err = capsys.readouterr()
     assert re.search(rf"^{toy} +FAIL .*means.clip must be a number above 0", out, re.MULTILINE)

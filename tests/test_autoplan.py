@@ -194,7 +194,7 @@ def test_every_method_prices_every_phase_its_run_has(name):
     """What a run does besides DP-SGD, public training and the evaluation is timed by a probe and counted by the
     method: every phase it counts has a probe, and a release with work to do has a rate."""
     method = get_method(name)
-    config = resolve_config(name, preset="cpu", overrides=list(method.smoke))
+    config = resolve_config(name, preset="cpu", overrides=list(method.declaration.smoke))
     probes = method(config).throughput_probes((1, 8, 8), 10, torch.device("cpu"))
     units = method.phase_units(config, 100)
     assert set(units) == set(probes.phases)
@@ -235,7 +235,7 @@ def test_a_pe_plan_whose_phases_outrun_the_budget_is_refused_with_the_budget_tha
 
 def test_dp_sads_student_step_is_probed_with_the_teacher_and_the_discriminator_it_runs():
     method = get_method("dp-sad")
-    config = resolve_config("dp-sad", preset="cpu", overrides=list(method.smoke))
+    config = resolve_config("dp-sad", preset="cpu", overrides=list(method.declaration.smoke))
     probes = method(config).throughput_probes((1, 8, 8), 10, torch.device("cpu"))
     student, teacher = probes.dpsgd["student"][0], probes.dpsgd["teacher"][0]
     assert student.after_step is not None and teacher.after_step is None

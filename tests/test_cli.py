@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from opacus.accountants.utils import get_noise_multiplier
 from dpsynth import __version__
 from dpsynth.api import resolve_config
 from dpsynth.cli import build_parser, main
-from dpsynth.config import BASE_CONFIG, flat_keys
+from dpsynth.config import BASE_CONFIG, flat_keys, has_key
 from dpsynth.errors import ConfigError
-from dpsynth.methods import METHODS, get_method, shortcuts
+from dpsynth.methods import METHODS, declarations, get_method, shortcuts
+from dpsynth.methods.templates import DiffusionMethod
 from dpsynth.privacy import default_delta
 from dpsynth.provenance import source_commit
 
@@ -134,6 +136,7 @@ def test_help_and_a_bad_argument_are_answered_without_importing_torch():
              "print('imported:', sorted(m for m in heavy if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "usage: dpsynth run" in done.stdout and "--iterations ITERATIONS" in done.stdout
+    assert "--init-from DIR" in done.stdout and "--api API" in done.stdout  # the methods' declared options
     assert "argument --nproc: invalid int value: 'two'" in done.stderr
     assert done.stdout.splitlines()[-1] == "imported: []"
 
@@ -174,16 +177,27 @@ def test_every_set_example_in_the_help_fits_its_command():
     assert section == "evaluation" and key in BASE_CONFIG["evaluation"]
 
 
-def test_every_method_module_is_found_and_registers_itself_under_its_name():
+def test_every_method_package_is_found_by_its_declaration_and_its_class_carries_it():
     assert list(METHODS) == ["dp-feta", "dp-imgsyn", "dp-ldm", "dp-merf", "dp-sad", "dpdm", "feta-pro",
                              "pdp-diffusion", "pe", "privimage"]
-    assert all(METHODS[name].name == name for name in METHODS)
+    assert all(METHODS[name].declaration is declarations()[name] for name in METHODS)
 
 
-def test_the_options_read_from_the_methods_source_are_their_classes_own():
-    declared = {option: shortcut for name in METHODS for option, shortcut in METHODS[name].shortcuts.items()}
-    assert shortcuts() == declared and {"--init-from", "--api", "--api-model", "--public"} <= set(declared)
-    assert METHODS["dpdm"].shortcuts["--init-from"][0] == "model.init_from" and not METHODS["dp-merf"].shortcuts
+def test_each_methods_declared_options_name_its_keys_and_every_diffusion_method_takes_init_from():
+    for name, declaration in declarations().items():
+        config = resolve_config(name)
+        assert all(has_key(config, key) for key, _, _ in declaration.shortcuts.values()), name
+    assert {name for name in METHODS if issubclass(METHODS[name], DiffusionMethod)} == {
+        name for name, declaration in declarations().items() if "--init-from" in declaration.shortcuts}
+    assert shortcuts()["--api"][0] == "api.name" and shortcuts()["--public"][0] == "alignment.public"
+
+
+def test_a_declaration_whose_class_does_not_carry_it_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):
+    wrong = replace(declarations()["dpdm"], name="mislaid", implementation="dpsynth.methods.dpdm.method:DPDM")
+    monkeypatch.setattr("dpsynth.methods.declarations", lambda: {**declarations(), "mislaid": wrong})
+    with pytest.raises(ConfigError, match="dpsynth.methods.dpdm.method:DPDM: no method class whose declaration is "
+                                          "'mislaid'"):
+        get_method("mislaid")
 
 
 def test_every_key_of_every_method_section_is_checked_when_the_method_is_made():

@@ -18,8 +18,8 @@ from dpsynth.api import dataset_from_config, synthetic_dataset
 from dpsynth.errors import DataError
 from dpsynth.evaluation.downstream import distillation_loss
 from dpsynth.evaluation.release import load_release
-from dpsynth.methods.dp_imgsyn import DPImgSyn
 from dpsynth.methods.dp_imgsyn.alignment import AlignmentSettings, align_batch, uniform_targets
+from dpsynth.methods.dp_imgsyn.method import DPImgSyn
 from dpsynth.models import group_norm_resnet
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.batch_statistics import (
@@ -148,7 +148,7 @@ def test_a_run_releases_the_teachers_soft_labels_spends_only_on_private_data_and
     digest = privacy["public_data"]["alignment.public 'digits'"]
     sheet = (public_run / "release" / "README.md").read_text()
     assert digest["distinct_images"] > 1000 and digest["fingerprints_sha256"] in sheet
-    assert "`soft_labels`" in sheet and DPImgSyn.paper.url in sheet
+    assert "`soft_labels`" in sheet and DPImgSyn.declaration.paper.url in sheet
     image, label, soft = synthetic_dataset(public_run / "release" / "synthetic.npz")[0]
     assert image.shape == (1, 28, 28) and soft.shape == (10,) and float(soft.sum()) == pytest.approx(1, abs=1e-4)
     crash = [*TINY_DP_IMGSYN, "--public", "digits", "--set", f"run.out_dir={tmp_path / 'crash'}"]

@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import dpsynth_main, run_directory
+from conftest import dpsynth_main, run_directory, smoke
 
 from dpsynth.api import dataset_from_config, plan_budget_for, resolve_config
 from dpsynth.autoplan.plan import plan_inputs
 from dpsynth.data import load_dataset
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError
-from dpsynth.methods import METHODS
 from dpsynth.models.autoencoder import AutoencoderShape, load_autoencoder
 from dpsynth.pipeline import resume, start
 from dpsynth.privacy import PrivacyLedger
@@ -23,7 +21,7 @@ from dpsynth.rehearsal import priced_as_private, rehearsal_release, rehearse, st
 from dpsynth.training.autoencoder import AutoencoderTraining, _crops, default_autoencoder, train_autoencoder
 from dpsynth.utils.io import sha256
 
-SMOKE = [*METHODS["dp-ldm"].smoke, *COMMON, "run.device=cpu"]
+SMOKE = smoke("dp-ldm")
 TINY_SHAPE = AutoencoderShape(block_channels=(8, 16), norm_groups=4)
 
 
@@ -217,7 +215,7 @@ def test_dp_ldm_trains_the_attention_of_a_public_latent_model_and_refuses_a_pixe
 
 def test_a_rehearsal_shrinks_each_dp_sgd_stage_and_keeps_the_other_mechanisms_as_planned(tmp_path):
     config = resolve_config("feta-pro", dataset="folder", data_dir=str(tmp_path), epsilon=6.0, preset="cpu",
-                            overrides=[*METHODS["feta-pro"].smoke, *COMMON, "run.device=cpu",
+                            overrides=[*smoke("feta-pro"),
                                        f"run.out_dir={tmp_path / 'runs'}", "dataset.resolution=8",
                                        "dataset.channels=1", "privacy.dataset_size=600"])
     runs = {shrink: rehearse(config, classes=10, shrink=shrink) for shrink in (1, 2)}  # 1: the run's own plan

@@ -12,19 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import dpsynth_main
+from conftest import dpsynth_main, smoke
 from sklearn.datasets import load_digits
 
 import dpsynth
 from dpsynth.api import dataset_from_config
 from dpsynth.config import DatasetSettings, parse_overrides
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError, DpsynthError, PrivacyWarning
-from dpsynth.methods import METHODS
 from dpsynth.privacy import PrivacyLedger
 from dpsynth.privacy.releases import HolderLedger
 
-SETTINGS = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", "run.seed=3"]
+SETTINGS = [*smoke("dpdm"), "run.seed=3"]
 NAMES = [str(digit) for digit in range(10)]
 
 
@@ -61,7 +59,7 @@ def test_a_synthesizer_fits_dpdm_on_a_tensor_in_memory_with_the_privacy_of_the_s
 
 
 def test_a_synthesizer_fits_a_dataset_dpsynth_reads_with_the_privacy_of_the_same_command_line_run(tmp_path):
-    settings = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
+    settings = smoke("dp-merf")
     evaluation = ["evaluation.enabled=true", "evaluation.num_synthetic=20", "evaluation.num_real=20",
                   "evaluation.classifiers=[]", "evaluation.kid_subsets=2", "evaluation.kid_subset_size=10",
                   f"evaluation.cache_dir={tmp_path / 'cache'}"]
@@ -126,7 +124,7 @@ def interrupt_after_recorded_steps(root: Path, steps: int) -> threading.Thread:
 def test_a_fit_stopped_by_ctrl_c_resumes_on_the_same_arrays_and_spends_once(tmp_path):
     digits = load_digits()
     images, labels = digits.images.astype(np.uint8) * 16, digits.target
-    settings = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", "dpsgd.epochs=4"]  # about 90 steps
+    settings = [*smoke("dpdm"), "dpsgd.epochs=4"]  # about 90 steps
     keywords = {key.replace(".", "__"): value for key, value in parse_overrides(settings)}
     synthesizer = dpsynth.Synthesizer("dpdm", epsilon=5.0, preset="cpu", out_dir=tmp_path / "runs", **keywords)
     with pytest.raises(DpsynthError, match="no stopped fit to resume"):

@@ -16,7 +16,7 @@ from dpsynth.api import resolve_config
 from dpsynth.data import DatasetInfo, ImageSet, load_dataset
 from dpsynth.diffusion import Diffusion
 from dpsynth.errors import ConfigError
-from dpsynth.methods.feta_pro import FETAPro, auto_noise
+from dpsynth.methods.feta_pro.method import FETAPro, auto_noise
 from dpsynth.models import build_unet
 from dpsynth.models.generator import ConditionalGenerator
 from dpsynth.privacy import GaussianMechanism, ParallelComposition, PrivacyLedger

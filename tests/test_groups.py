@@ -234,7 +234,7 @@ def test_every_mechanism_runs_over_groups_spanning_classes(tmp_path, method):
              labels=digits.target, class_names=np.array([str(d) for d in range(10)]),
              groups=np.arange(len(digits.target)) // 3)  # three consecutive digits per person: classes mixed
     config = resolve_config(method, dataset="npz", data_dir=str(tmp_path / "digits.npz"), epsilon=8, preset="cpu",
-                            overrides=[*METHODS[method].smoke, *COMMON, "privacy.dataset_size=599",
+                            overrides=[*METHODS[method].declaration.smoke, *COMMON, "privacy.dataset_size=599",
                                        f"run.out_dir={tmp_path}"])
     run = start(config).path  # the Python API
     privacy = json.loads((run / "release" / "privacy.json").read_text())

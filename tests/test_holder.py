@@ -9,14 +9,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import MERF, shown_in_browser, write_patients
+from conftest import MERF, shown_in_browser, smoke, write_patients
 
 from dpsynth.api import resolve_config
 from dpsynth.cli import main
 from dpsynth.datasheet import SCALE_WORDS, certainty_after, epsilon_verdict, percent
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError
-from dpsynth.methods import METHODS
 from dpsynth.officer import near_chance
 from dpsynth.pipeline import start
 from dpsynth.privacy import Accountant, PrivacyLedger
@@ -125,7 +123,7 @@ def test_the_datasheets_verdict_is_the_guides_scale():
 
 
 def test_a_time_limit_stops_training_and_releases_what_was_trained_at_the_epsilon_it_spent(tmp_path):
-    overrides = [*METHODS["dpdm"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path / 'runs'}",
+    overrides = [*smoke("dpdm"), f"run.out_dir={tmp_path / 'runs'}",
                  "dpsgd.epochs=100", "dpsgd.checkpoint_every=100", "run.time_limit=6s"]
     config = resolve_config("dpdm", dataset="digits", epsilon=5.0, preset="cpu", overrides=overrides)
     with warnings.catch_warnings():

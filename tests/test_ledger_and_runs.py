@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_after_recorded_steps, secret_stream, stopped_smoke_run
+from conftest import kill_after_recorded_steps, secret_stream, smoke, stopped_smoke_run
 
 from dpsynth.api import resolve_config
-from dpsynth.doctor import COMMON
 from dpsynth.errors import DpsynthError, PrivacyError
-from dpsynth.methods import METHODS, run_config_of
+from dpsynth.methods import run_config_of
 from dpsynth.methods.base import Method
 from dpsynth.pipeline import Run
 from dpsynth.privacy import (
@@ -187,9 +186,10 @@ def test_class_grid_puts_each_class_on_its_row():
 def test_a_run_through_the_api_is_prepared_before_it_spends_builds_its_method_once_and_prints_nothing(
         tmp_path, capsys, caplog, monkeypatch):
     config = resolve_config("dp-merf", dataset="digits", epsilon=5.0, preset="cpu",
-                            overrides=[*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path}"])
+                            overrides=[*smoke("dp-merf"), f"run.out_dir={tmp_path}"])
     built, init = [], Method.__init__
-    monkeypatch.setattr(Method, "__init__", lambda self, config: (built.append(self.name), init(self, config))[1])
+    monkeypatch.setattr(Method, "__init__",
+                        lambda self, config: (built.append(self.declaration.name), init(self, config))[1])
     with caplog.at_level(logging.INFO, logger="dpsynth"):
         prepared = Run.prepare(config)
         assert prepared.directory is None and not list(tmp_path.iterdir())  # planned: nothing written, nothing spent
@@ -208,7 +208,8 @@ def test_a_run_through_the_api_is_prepared_before_it_spends_builds_its_method_on
 def test_a_resumed_run_builds_its_method_once_and_fits_the_budget_it_reopened_with(tmp_path, monkeypatch):
     stopped = stopped_smoke_run("dp-merf", tmp_path)
     built, init = [], Method.__init__
-    monkeypatch.setattr(Method, "__init__", lambda self, config: (built.append(self.name), init(self, config))[1])
+    monkeypatch.setattr(Method, "__init__",
+                        lambda self, config: (built.append(self.declaration.name), init(self, config))[1])
     reopened = Run.reopen(str(stopped.path))
     assert reopened.directory is not None and reopened.directory.path == stopped.path
     run = reopened.execute()

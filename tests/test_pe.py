@@ -17,9 +17,10 @@ from dpsynth.data.fingerprints import fingerprints
 from dpsynth.data.glyphs import find_fonts
 from dpsynth.diffusion.pretrain import PretrainSettings, pretrain
 from dpsynth.errors import ConfigError, DataError
-from dpsynth.methods.pe import PrivateEvolution, apis, apportion
+from dpsynth.methods.pe import apis
 from dpsynth.methods.pe.apis import ApiSettings, DiffusionAPI, DrawTextAPI, Samples, register_api
 from dpsynth.methods.pe.embeddings import PixelEmbedding
+from dpsynth.methods.pe.method import PrivateEvolution, apportion
 from dpsynth.methods.pe.population import PrivateVotes
 from dpsynth.models import build_unet
 from dpsynth.pipeline import start

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import absolute_paths, dpsynth_main, write_idx_set
+from conftest import MERF, absolute_paths, dpsynth_main, write_idx_set
 from PIL import Image
 
 from dpsynth.api import dataset_from_config, plan_privacy, resolve_config
@@ -18,17 +18,14 @@ from dpsynth.config import with_drawn
 from dpsynth.data import load_dataset
 from dpsynth.data.folder import FOLDER_SIDES, ShapeVotes, folder_votes
 from dpsynth.data.sources import LoadOptions
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, PrivacyWarning
-from dpsynth.methods import METHODS, run_config_of
+from dpsynth.methods import run_config_of
 from dpsynth.pipeline import start
 from dpsynth.planning import planned_config, resolve_delta, with_public_size
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger
 from dpsynth.privacy.dataset_facts import SHAPE, SIZE, least_total, noisy_total, with_noisy_shape
 from dpsynth.privacy.mechanisms import noisy_count
 from dpsynth.privacy.randomness import SecretStream, stream_key
-
-MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
 
 def seeded(config: dict, seed: int) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import secret_stream, stopped_smoke_run
+from conftest import MERF, secret_stream, stopped_smoke_run
 from torch import nn
 
 from dpsynth import __version__
@@ -20,11 +20,9 @@ from dpsynth.api import dataset_from_config, plan_privacy, resolve_config, synth
 from dpsynth.cli import main
 from dpsynth.data import load_dataset
 from dpsynth.data.fingerprints import FINGERPRINTS, load_fingerprints
-from dpsynth.doctor import COMMON
 from dpsynth.errors import DataError, DpsynthError, PrivacyWarning
 from dpsynth.evaluation import selection_ledger
-from dpsynth.methods import METHODS
-from dpsynth.methods.dp_merf import DPMERF
+from dpsynth.methods.dp_merf.method import DPMERF
 from dpsynth.pipeline import resume, start
 from dpsynth.privacy import GaussianMechanism, PrivacyLedger, ReportNoisyMax, default_delta
 from dpsynth.privacy.dataset_facts import SIZE
@@ -36,8 +34,6 @@ from dpsynth.privacy.semantic_histogram import semantic_histogram
 from dpsynth.provenance import source_commit
 from dpsynth.report import write_run_report
 from dpsynth.runs import RunDirectory
-
-MERF = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu"]
 
 
 def tiny_run(tmp_path, dataset: str = "digits", data_dir: str | None = None, *extra: str) -> RunDirectory:
@@ -85,7 +81,7 @@ def test_a_release_carries_its_datasheet_and_provenance_and_loads_as_a_torch_dat
     sheet = run.file("release/README.md").read_text()
     assert report["dpsynth"] == {"version": __version__, "commit": source_commit()} and report["public_data"] == {}
     assert f"(ε, δ) = ({report['epsilon']:.4f}, {report['delta']:.3g})" in sheet
-    assert DPMERF.paper.url in sheet and f"commit {report['dpsynth']['commit']}" in sheet
+    assert DPMERF.declaration.paper.url in sheet and f"commit {report['dpsynth']['commit']}" in sheet
     assert "of one image" in sheet and "No public image set was read" in sheet and "NOT private" not in sheet
     labels = np.load(run.file("release/synthetic.npz"))["labels"]
     per_class = dict(re.findall(r"^\| (\d) \| ([\d,]+) \|$", sheet, re.MULTILINE))

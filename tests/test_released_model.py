@@ -14,13 +14,12 @@ import diffusers
 import numpy as np
 import pytest
 import torch
-from conftest import dpsynth_main, stopped_smoke_run
+from conftest import dpsynth_main, smoke, stopped_smoke_run
 from PIL import Image
 from safetensors.torch import load_file
 
 from dpsynth.api import load_generator, resolve_config
 from dpsynth.config import SamplingSettings
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyWarning
 from dpsynth.export import class_folders
 from dpsynth.generators import DiffusionGenerator, LatentDiffusionGenerator, OneStepGenerator
@@ -38,7 +37,7 @@ SEED = 3  # the runs' user seed: their release stream can then be drawn again he
 def released_run(root: Path, method: str, *extra: str) -> RunDirectory:
     """A finished smoke run of ``method`` on sklearn's digits that releases its model, its noise seeded."""
     config = resolve_config(method, dataset="digits", epsilon=5.0, preset="cpu",
-                            overrides=[*METHODS[method].smoke, *COMMON, "run.device=cpu", f"run.out_dir={root}",
+                            overrides=[*smoke(method), f"run.out_dir={root}",
                                        "release.model=true", f"run.seed={SEED}", *extra])
     with pytest.warns(PrivacyWarning, match="run.seed"):
         return start(config)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import dpsynth_main
+from conftest import dpsynth_main, smoke
 from PIL import Image
 
 from dpsynth.api import resolve_config
@@ -20,9 +20,7 @@ from dpsynth.data import load_dataset
 from dpsynth.data.folder import WINDOW_BINS, decoded_images, folder_layout, folder_votes
 from dpsynth.data.pixels import WindowRule
 from dpsynth.data.sources import LoadOptions
-from dpsynth.doctor import COMMON
 from dpsynth.errors import ConfigError, DataError
-from dpsynth.methods import METHODS
 from dpsynth.utils.images import as_floats
 
 
@@ -199,7 +197,7 @@ def test_a_scan_folder_of_16_bit_pngs_and_dicom_files_runs_end_to_end(tmp_path):
     root = sixteen_bit_folder(tmp_path / "scans", people=6, per_person=2)
     for person in range(6):
         write_dicom(root / "b" / f"patient-{person}" / "slice.dcm", np.full((40, 36), 2000))
-    overrides = [*METHODS["dp-merf"].smoke, *COMMON, "run.device=cpu", f"run.out_dir={tmp_path / 'runs'}",
+    overrides = [*smoke("dp-merf"), f"run.out_dir={tmp_path / 'runs'}",
                  f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.resolution=28", "privacy.dataset_size=6",
                  "dataset.val_size=1", "dataset.test_size=1"]
     args = ["run", "dp-merf", "--dataset", "folder", "--data-dir", str(root), "--epsilon", "5", "--preset", "cpu"]

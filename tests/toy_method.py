@@ -14,7 +14,8 @@ import torch
 
 from dpsynth.config import Config, positive, section_settings
 from dpsynth.data import DatasetInfo
-from dpsynth.methods.base import CPU_PROTOCOL, Method, Paper, Release, register
+from dpsynth.methods.base import CPU_PROTOCOL, Method, Release, register
+from dpsynth.methods.declaration import Declaration, Paper
 from dpsynth.privacy import GaussianMechanism, PlannedStage
 from dpsynth.privacy.mechanisms import clip_rows, release_gaussian
 from dpsynth.training.context import RunContext
@@ -33,14 +34,16 @@ class MeansSettings:
 class NoisyClassMeans(Method):
     """Per class, the noisy mean of the clipped images (one Gaussian release)."""
 
-    name = "toy-means"
-    description = "each class's noisy mean image (a toy: the smallest method that runs end to end)"
-    paper = Paper("The dpsynth developers", "Adding a method", "dpsynth documentation", 2026,
-                  "https://example.org/dpsynth/development/")
+    declaration = Declaration(
+        name="toy-means",
+        description="each class's noisy mean image (a toy: the smallest method that runs end to end)",
+        paper=Paper("The dpsynth developers", "Adding a method", "dpsynth documentation", 2026,
+                    "https://example.org/dpsynth/development/"),
+        implementation=f"{__name__}:NoisyClassMeans",
+        shortcuts={"--clip": ("means.clip", "toy-means: the L2 norm each image is clipped to", None)})
     sections = {"means": MeansSettings}
     presets = {"cpu": CPU_PROTOCOL}
     default_preset = "cpu"
-    shortcuts = {"--clip": ("means.clip", "toy-means: the L2 norm each image is clipped to", None)}
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)

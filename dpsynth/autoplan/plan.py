@@ -98,7 +98,7 @@ def measure(method: Method, config: RunConfig, inputs: PlanInputs, device: torch
     cls = type(method)
     timed = (*cls.dpsgd_sections, *cls.public_sections, *cls.probed_keys, "model", "diffusion", "sampling",
              "evaluation")
-    key = json.dumps([cls.name, inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
+    key = json.dumps([cls.declaration.name, inputs.shape, inputs.evaluation_shape, inputs.num_classes, inputs.num_train,
                       str(device), {name: _value(cls, config, name) for name in timed}], sort_keys=True, default=str)
     if key not in MEASURED:
         MEASURED[key] = _probe(method, config, inputs, device)
@@ -173,7 +173,8 @@ def checked_steps(method: Method, config: RunConfig, overrides: dict[str, dict[s
         if examples <= 2 * probe.physical_batch_size:  # within the chunks the probe's line was fitted through
             continue
         priced = inputs.cost(throughput, section).seconds(planned.batch_size * multiplicity(planned))
-        key = json.dumps([method.name, inputs.shape, section, examples, probe.physical_batch_size, str(device)])
+        key = json.dumps([method.declaration.name, inputs.shape, section, examples, probe.physical_batch_size,
+                          str(device)])
         if key not in CHECKED:  # once per process for the same step
             CHECKED[key] = step_seconds(probe, device, max(round(inputs.num_train * inputs.images_per_unit),
                                                            examples), examples)

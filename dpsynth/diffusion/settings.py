@@ -13,6 +13,8 @@ SAMPLER_NAMES = ("dpm-solver++", "ddim", "unipc")
 CLASS_STARTS = ("shared", "spread", "matched")
 NOISE_LEVELS = ("uniform", "log-normal")
 TRAINABLE_GROUPS = ("all", "norms", "biases", "attention", "class_embedding", "time_embedding")
+# A smoke run's UNet and sampler (a method's declared smoke): the smallest that runs every part.
+SMOKE_UNET = ("model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,11 +1,10 @@
-"""The interface every synthesis method implements, and the decorator that registers one by name."""
+"""The interface every synthesis method implements, and the decorator that registers one defined by imported code."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -19,25 +18,10 @@ from ..privacy import PlannedStage
 from ..training.context import RunContext
 from ..training.probes import Probes
 from . import REGISTERED
+from .declaration import Declaration
 
 T = TypeVar("T")
 E = TypeVar("E")
-
-
-@dataclass(frozen=True)
-class Paper:
-    """The publication a method implements, cited by its docs page and by every release's datasheet."""
-
-    authors: str
-    title: str
-    venue: str
-    year: int
-    url: str
-
-    def markdown(self) -> str:
-        """``**Paper:** authors. *title.* venue, year. [link](url)``."""
-        label = "arXiv:" + self.url.rsplit("/", 1)[1] if "arxiv.org/abs/" in self.url else urlparse(self.url).netloc
-        return f"**Paper:** {self.authors}. *{self.title}.* {self.venue}, {self.year}. [{label}]({self.url})"
 
 
 @dataclass(frozen=True)
@@ -60,19 +44,15 @@ CPU_PROTOCOL: dict[str, dict[str, Any]] = {"sampling": {"num_samples": 20000}, "
 class Method(ABC):
     """A DP image-synthesis method: its config sections, presets and privacy stages.
 
-    Subclasses set ``name``, ``description``, ``paper`` (the publication it implements), ``sections`` (each config
-    section's frozen dataclass, whose fields carry its keys, defaults and rules) and ``presets`` (nested overrides
-    of any config key), ``releases_soft_labels`` when ``generate`` returns soft labels, ``needs_public_model`` when
-    it cannot run without ``model.init_from`` (the bench then pre-trains one), ``shortcuts`` (command-line options
-    for its keys), ``smoke`` (``--set`` pairs over its ``cpu`` preset for a run of a few steps of every stage on
-    sklearn's digits: ``dpsynth doctor`` and the tests run it) and ``resume_settings`` (its keys a resumed run may
-    change: how it computes, never what), and register with :func:`register`. The derived preset (``auto``,
-    :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what :meth:`throughput_probes` measures.
+    Subclasses set ``declaration`` (:class:`~dpsynth.methods.declaration.Declaration`: name, paper, options, smoke
+    run), ``sections`` (each config section's frozen dataclass, whose fields carry its keys, defaults and rules) and
+    ``presets`` (nested overrides of any config key), ``releases_soft_labels`` when ``generate`` returns soft labels,
+    ``needs_public_model`` when it cannot run without ``model.init_from`` (the bench then pre-trains one). The
+    derived preset (``auto``, :mod:`dpsynth.autoplan`) sizes the ``dpsgd_sections`` from what
+    :meth:`throughput_probes` measures.
     """
 
-    name: ClassVar[str]
-    description: ClassVar[str]
-    paper: ClassVar[Paper]
+    declaration: ClassVar[Declaration]  # its name, paper, options, smoke run: data that imports no torch
     sections: ClassVar[dict[str, type]]  # section -> the frozen dataclass whose fields are its keys and defaults
     presets: ClassVar[dict[str, dict[str, Any]]]
     default_preset: ClassVar[str] = "auto"  # derived from the data and the machine (dpsynth.autoplan)
@@ -91,11 +71,6 @@ class Method(ABC):
     sized_phase: ClassVar[tuple[str, str] | None] = None
     # Other config sections (``generator``) or keys (``alignment.iterations``) its throughput probes read.
     probed_keys: ClassVar[tuple[str, ...]] = ()
-    smoke: ClassVar[tuple[str, ...]] = ()  # --set pairs over the cpu preset: a few steps of every stage
-    resume_settings: ClassVar[tuple[str, ...]] = ()  # keys a resumed run may change (chunk sizes, say)
-    # Command-line options for its keys: option -> (key, help, metavar or None), a literal (the command line reads
-    # it from the source: dpsynth.methods.shortcuts).
-    shortcuts: ClassVar[dict[str, tuple[str, str, str | None]]] = {}
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -128,7 +103,8 @@ class Method(ABC):
         """The fixed preset called ``name``; ConfigError listing the known ones (``auto`` is derived by
         :mod:`dpsynth.autoplan`)."""
         if name not in cls.presets:
-            raise ConfigError(f"method {cls.name!r} has no preset {name!r}; presets: auto, {', '.join(cls.presets)}")
+            raise ConfigError(f"method {cls.declaration.name!r} has no preset {name!r}; presets: auto, "
+                              f"{', '.join(cls.presets)}")
         return cls.presets[name]
 
     @abstractmethod
@@ -222,10 +198,11 @@ class Method(ABC):
     def trained_generator(self) -> Generator:
         """The fitted generator :meth:`generate` samples from (``release.model`` writes it); a method that has
         none says why in ``no_generator``."""
-        raise NotImplementedError(f"{self.name}: {self.no_generator}")
+        raise NotImplementedError(f"{self.declaration.name}: {self.no_generator}")
 
 
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator adding a method to the registry (``dpsynth.methods.METHODS``) under its ``name``."""
-    REGISTERED[cls.name] = cls
+    """Class decorator adding a method defined by code already imported (a notebook's, say) to the registry
+    (``dpsynth.methods.METHODS``) under its declared name; a method found by its declaration needs none."""
+    REGISTERED[cls.declaration.name] = cls
     return cls

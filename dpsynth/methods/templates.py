@@ -22,12 +22,10 @@ class DiffusionMethod(Method):
 
     class_starts: ClassVar[tuple[str, ...]] = ("shared", "spread")
     no_generator = None
-    shortcuts = {"--init-from": ("model.init_from", "start the diffusion model from one pre-trained on public data "
-                                                    "(dpsynth pretrain --for METHOD)", "DIR")}
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.trainer = DiffusionTrainer(config, self.class_starts, self.name)
+        self.trainer = DiffusionTrainer(config, self.class_starts, self.declaration.name)
         self.model: torch.nn.Module | None = None
         self.info: DatasetInfo | None = None
 
@@ -45,7 +43,7 @@ class DiffusionMethod(Method):
     def trained_generator(self) -> Generator:
         if self.model is None or self.info is None:
             raise RuntimeError("the release needs a fitted model: call fit() first")
-        return self.trainer.generator(self.model, self.info, self.name)
+        return self.trainer.generator(self.model, self.info, self.declaration.name)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:
         samples = self.trained_generator().sample(num_samples, generator=generator, settings=self.sampling)

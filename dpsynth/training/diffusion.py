@@ -46,9 +46,6 @@ CPU_PRESET: dict[str, dict[str, Any]] = {
     "dpsgd": {"batch_size": 512, "epochs": 6.0, "noise_multiplicity": 1, "lr": 2e-3, "ema": 0.99,
               "physical_batch_size": 128, "checkpoint_every": 25},
 }
-# A smoke run's UNet and sampler (Method.smoke): the smallest that runs every part.
-SMOKE_UNET = ("model.block_channels=[8, 16]", "model.norm_groups=4", "diffusion.sample_steps=2")
-
 
 class DiffusionTrainer:
     """The ``model`` and ``diffusion`` sections of ``config`` made into a UNet and its diffusion; ``class_starts``

@@ -1,7 +1,7 @@
 """What PE does with each generation beside breeding the next: callbacks called, in order, on the first population
 (iteration 0) and after every iteration. The run's own keep the population (a checkpoint, first: what follows is
 written only once it is safe), draw its grid and log the histograms; a subclass of the method adds its own
-(:meth:`~dpsynth.methods.pe.PrivateEvolution.callbacks`)."""
+(:meth:`~dpsynth.methods.pe.method.PrivateEvolution.callbacks`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

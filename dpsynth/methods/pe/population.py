@@ -1,6 +1,6 @@
 """PE's population and its DP histograms: the synthetic samples of every class, drawn first by RANDOM_API, embedded
 (with their lookahead variations) as the points the private images vote for, and bred into the next generation by
-the noisy votes (on several processes, as :mod:`dpsynth.methods.pe` says)."""
+the noisy votes (on several processes, as :mod:`dpsynth.methods.pe.method` says)."""
 from __future__ import annotations
 
 from collections.abc import Callable

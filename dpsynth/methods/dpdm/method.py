@@ -6,32 +6,27 @@ from typing import ClassVar
 
 from torch import nn
 
-from ..config import RunConfig, preset_with, section_settings
-from ..data import DatasetInfo
-from ..privacy import PlannedStage
-from ..training.context import RunContext
-from ..training.diffusion import CPU_PRESET, SECTIONS, SMOKE_UNET
-from ..training.private import DiffusionDpsgdSection
-from .base import CPU_PROTOCOL, Paper, register
-from .templates import DiffusionMethod
+from ...config import RunConfig, preset_with, section_settings
+from ...data import DatasetInfo
+from ...privacy import PlannedStage
+from ...training.context import RunContext
+from ...training.diffusion import CPU_PRESET, SECTIONS
+from ...training.private import DiffusionDpsgdSection
+from ..base import CPU_PROTOCOL
+from ..templates import DiffusionMethod
+from . import DECLARATION
 
 DPSGD_STAGE = "dp-sgd"
 # DPImageBench's DPDM settings, accounted with RDP as the paper reports; meant for a GPU.
 PAPER_PRESET = {"privacy": {"accountant": "rdp"}}
 
 
-@register
 class DPDM(DiffusionMethod):
     """DP-SGD on a class-conditional diffusion UNet, with noise multiplicity K (K draws of t per example); the template
     of the methods that warm it up first (:meth:`stages_before_dpsgd`, :meth:`warm_up`)."""
 
-    name = "dpdm"
-    description = "diffusion model trained with DP-SGD (the baseline of every seed paper)"
-    paper = Paper("Tim Dockhorn, Tianshi Cao, Arash Vahdat, Karsten Kreis", "Differentially Private Diffusion Models",
-                  "Transactions on Machine Learning Research (TMLR)", 2023, "https://arxiv.org/abs/2210.09929")
+    declaration = DECLARATION
     dpsgd_sections: ClassVar[tuple[str, ...]] = ("dpsgd",)
-    smoke: ClassVar[tuple[str, ...]] = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.2",
-                                        "dpsgd.checkpoint_every=2")
     sections = SECTIONS
     # paper: DPImageBench's; cpu: sized for ~30 minutes of DP-SGD on a 2-core CPU (see the README's preset table).
     presets = {"paper": PAPER_PRESET, "cpu": preset_with(CPU_PROTOCOL, CPU_PRESET)}

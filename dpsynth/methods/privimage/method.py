@@ -28,23 +28,22 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..config import RunConfig, one_of, positive, preset_with, section_settings
-from ..data import DatasetInfo, ImageSet
-from ..data.fingerprints import fingerprints
-from ..diffusion.settings import CLASS_STARTS, UNetSettings
-from ..errors import ConfigError
-from ..evaluation.downstream import TrainingSettings, correct_count, train_epochs
-from ..models.classifiers import build_classifier
-from ..privacy import GaussianMechanism, PlannedStage
-from ..privacy.semantic_histogram import semantic_histogram
-from ..training.context import RunContext
-from ..training.diffusion import SMOKE_UNET
-from ..training.probes import Probes, classifier_cost
-from ..training.warmup import Warmup, WarmupSettings
-from ..utils.device import to_device
-from ..utils.images import as_floats
-from .base import Paper, register
-from .dpdm import DPDM
+from ...config import RunConfig, one_of, positive, preset_with, section_settings
+from ...data import DatasetInfo, ImageSet
+from ...data.fingerprints import fingerprints
+from ...diffusion.settings import CLASS_STARTS, UNetSettings
+from ...errors import ConfigError
+from ...evaluation.downstream import TrainingSettings, correct_count, train_epochs
+from ...models.classifiers import build_classifier
+from ...privacy import GaussianMechanism, PlannedStage
+from ...privacy.semantic_histogram import semantic_histogram
+from ...training.context import RunContext
+from ...training.probes import Probes, classifier_cost
+from ...training.warmup import Warmup, WarmupSettings
+from ...utils.device import to_device
+from ...utils.images import as_floats
+from ..dpdm.method import DPDM
+from . import DECLARATION
 
 SELECTION_STAGE, PHASE = "semantic-histogram", "pretrain-public"
 CLASSIFIER_PHASE = "public classifier"  # one: its training and its accuracy on the public set
@@ -85,21 +84,12 @@ class PublicPretrainSettings(WarmupSettings):
     augment: bool = False
 
 
-@register
 class PrivImage(DPDM):
     """A DP histogram of a public classifier's labels selects public classes; pre-training on them; DP-SGD."""
 
-    name = "privimage"
-    smoke = (*SMOKE_UNET, "dpsgd.batch_size=64", "dpsgd.epochs=0.1", "dpsgd.checkpoint_every=2",
-             "selection.public_num_images=124", "selection.top_k=2", "selection.classifier_epochs=1",
-             "public_pretrain.iterations=4", "public_pretrain.batch_size=8", "public_pretrain.checkpoint_every=2")
+    declaration = DECLARATION
     public_sections = ("public_pretrain",)
     probed_keys = ("selection",)
-    description = "pre-training on the public classes a DP semantic histogram selects, then DP-SGD"
-    paper = Paper("Kecen Li, Chen Gong, Zhixiang Li, Yuzhong Zhao, Xinwen Hou, Tianhao Wang",
-                  "PrivImage: Differentially Private Synthetic Image Generation using Diffusion Models with "
-                  "Semantic-Aware Pretraining", "USENIX Security Symposium", 2024,
-                  "https://arxiv.org/abs/2311.12850")
     class_starts: ClassVar[tuple[str, ...]] = ("matched", "shared")
     sections = {**DPDM.sections, "model": MatchedUNetSettings, "selection": SelectionSettings,
                 "public_pretrain": PublicPretrainSettings}

@@ -13,37 +13,35 @@ from __future__ import annotations
 
 import torch
 
-from ..config import RunConfig, section_settings
-from ..data import DatasetInfo
-from ..generators import Generator, OneStepArchitecture, OneStepGenerator
-from ..models.generator import ConditionalGenerator
-from ..privacy import GaussianMechanism, PlannedStage
-from ..privacy.fourier_features import FrequencySettings, RandomFourierFeatures, released_class_means
-from ..training.context import RunContext, weights
-from ..training.feature_generator import FEATURES_PHASE, GeneratorSettings, fit_generator, fitting_probes, generated_set
-from ..training.probes import Probes
-from .base import CPU_PROTOCOL, Method, Paper, Release, register
+from ...config import RunConfig, section_settings
+from ...data import DatasetInfo
+from ...generators import Generator, OneStepArchitecture, OneStepGenerator
+from ...models.generator import ConditionalGenerator
+from ...privacy import GaussianMechanism, PlannedStage
+from ...privacy.fourier_features import FrequencySettings, RandomFourierFeatures, released_class_means
+from ...training.context import RunContext, weights
+from ...training.feature_generator import (
+    FEATURES_PHASE,
+    GeneratorSettings,
+    fit_generator,
+    fitting_probes,
+    generated_set,
+)
+from ...training.probes import Probes
+from ..base import CPU_PROTOCOL, Method, Release
+from . import DECLARATION
 
 MEANS_STAGE = "rff-means"
 PREVIEW = "generator_samples.png"
 GENERATOR_PHASE = "generator"  # per iteration
 
 
-@register
 class DPMERF(Method):
     """Noisy per-class mean random Fourier features (one Gaussian release), a generator matching them."""
 
-    name = "dp-merf"
-    smoke = ("frequency.features=100", "generator.epochs=1", "generator.iterations_per_epoch=3", "generator.latent=8",
-             "generator.width=16")
+    declaration = DECLARATION
     sized_phase = (GENERATOR_PHASE, "generator.iterations_per_epoch")
     probed_keys = ("frequency", "generator")
-    description = "a generator fitted to DP per-class mean random Fourier features (fast, no diffusion)"
-    paper = Paper("Frederik Harder, Kamil Adamczewski, Mijung Park",
-                  "DP-MERF: Differentially Private Mean Embeddings with Random Features for Practical "
-                  "Privacy-Preserving Data Generation",
-                  "International Conference on Artificial Intelligence and Statistics (AISTATS)", 2021,
-                  "https://arxiv.org/abs/2002.11603")
     sections = {"frequency": FrequencySettings, "generator": GeneratorSettings}
     no_generator = None
     presets = {
@@ -104,7 +102,7 @@ class DPMERF(Method):
         if self.generator is None or self.info is None:
             raise RuntimeError("the release needs a fitted generator: call fit() first")
         settings = self.generator_settings
-        return OneStepGenerator(self.generator, self.info.shape, self.info.class_names, self.name,
+        return OneStepGenerator(self.generator, self.info.shape, self.info.class_names, self.declaration.name,
                                 OneStepArchitecture(latent=settings.latent, width=settings.width))
 
     def generate(self, num_samples: int, generator: torch.Generator) -> Release:

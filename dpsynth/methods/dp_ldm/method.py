@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..config import RunConfig, RunSettings, positive, section_settings
-from ..data import DatasetInfo, ImageSet
-from ..diffusion.pretrain import read_pretraining
-from ..errors import ConfigError
-from ..generators import Generator, LatentDiffusionGenerator
-from ..models.autoencoder import (
+from ...config import RunConfig, RunSettings, positive, section_settings
+from ...data import DatasetInfo, ImageSet
+from ...diffusion.pretrain import read_pretraining
+from ...errors import ConfigError
+from ...generators import Generator, LatentDiffusionGenerator
+from ...models.autoencoder import (
     AutoencoderShape,
     SavedAutoencoder,
     build_autoencoder,
@@ -28,12 +28,12 @@ from ..models.autoencoder import (
     load_autoencoder,
     working_side,
 )
-from ..training.autoencoder import AutoencoderTraining, default_autoencoder
-from ..training.context import RunContext
-from ..training.probes import Probes, timed
-from ..utils.device import pick_device
-from .base import Paper, register
-from .dpdm import DPDM, DPSGD_STAGE
+from ...training.autoencoder import AutoencoderTraining, default_autoencoder
+from ...training.context import RunContext
+from ...training.probes import Probes, timed
+from ...utils.device import pick_device
+from ..dpdm.method import DPDM, DPSGD_STAGE
+from . import DECLARATION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,25 +47,16 @@ class AutoencoderSettings:
     encode_batch: int = positive(default=256)
 
 
-SMOKE_AUTOENCODER = ("autoencoder.iterations=2",)
 ENCODING_PHASE = "encoding"  # the planner's phase: each private training image encoded once
 LATENTS_OF = "latents_of_autoencoder"  # a public latent model's record: the SHA-256 of the autoencoder it read
 
 
-@register
 class DPLDM(DPDM):
     """DPDM's DP-SGD (its stage and presets) on the latent images of a public autoencoder, decoded at release."""
 
-    name = "dp-ldm"
-    description = "diffusion model trained with DP-SGD on the latents of a public autoencoder"
-    paper = Paper("Michael F. Liu, Saiyue Lyu, Margarita Vinaroz, Mijung Park",
-                  "DP-LDMs: Differentially Private Latent Diffusion Models",
-                  "Transactions on Machine Learning Research (TMLR)", 2024,
-                  "https://arxiv.org/abs/2305.15759")
-    smoke: ClassVar[tuple[str, ...]] = (*DPDM.smoke, *SMOKE_AUTOENCODER)
+    declaration = DECLARATION
     sections = {**DPDM.sections, "autoencoder": AutoencoderSettings}
     # DPDM's presets: its UNet and DP-SGD, on 4 x 8 x 8 (28-32 px) to 4 x 16 x 16 (64-128 px) latents
-    resume_settings = ("autoencoder.encode_batch",)
     pixel_regime = False  # DP-SGD on latents: the recorded outcomes (pixels) do not bracket it
 
     def __init__(self, config: RunConfig) -> None:
@@ -125,8 +116,8 @@ class DPLDM(DPDM):
         if self.model is None or self.info is None or self.saved is None:
             raise RuntimeError("the release needs a fitted model: call fit() first")
         latent_info = _latent_info(self.info, self.saved.latent_shape())
-        return LatentDiffusionGenerator(self.trainer.generator(self.model, latent_info, self.name), self.saved,
-                                        self.info.shape)
+        return LatentDiffusionGenerator(self.trainer.generator(self.model, latent_info, self.declaration.name),
+                                        self.saved, self.info.shape)
 
     @classmethod
     def model_shape(cls, config: RunConfig, shape: tuple[int, int, int]) -> tuple[int, int, int]:
