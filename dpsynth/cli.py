@@ -808,7 +808,11 @@ def _how_to_continue(command: str, run_directory: Path | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; user errors print one line and exit with status 2 (a failed audit: 1)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except DpsynthError as exc:  # a method's package that declares none, say
+        print(f"dpsynth: error: {exc}", file=sys.stderr)
+        return 2
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], None] = args.handler
     warnings.showwarning = _show_warning

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from functools import cache
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,16 @@ def test_each_methods_declared_options_name_its_keys_and_every_diffusion_method_
     assert {name for name in METHODS if issubclass(METHODS[name], DiffusionMethod)} == {
         name for name, declaration in declarations().items() if "--init-from" in declaration.shortcuts}
     assert shortcuts()["--api"][0] == "api.name" and shortcuts()["--public"][0] == "alignment.public"
+
+
+def test_an_entry_point_module_that_declares_no_method_is_named_by_the_command_line(monkeypatch: pytest.MonkeyPatch):
+    point = EntryPoint("mislaid", "dpsynth.errors", "dpsynth.methods")
+    monkeypatch.setattr("dpsynth.methods.entry_points", lambda group: [point] if group == "dpsynth.methods" else [])
+    monkeypatch.setattr("dpsynth.methods.declarations", cache(declarations.__wrapped__))
+    done = dpsynth_main("privacy", "--help")
+    assert done.code == 2 and done.err.strip() == (
+        "dpsynth: error: module dpsynth.errors declares no method: a method's package sets DECLARATION = "
+        "Declaration(...) (dpsynth.methods.declaration)")
 
 
 def test_a_declaration_whose_class_does_not_carry_it_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):

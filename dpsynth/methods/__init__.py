@@ -34,8 +34,17 @@ def declarations() -> dict[str, Declaration]:
     entry points' modules'."""
     modules = [f"{__name__}.{info.name}" for info in pkgutil.iter_modules(__path__) if info.ispkg]
     modules += [point.value for point in entry_points(group=ENTRY_POINTS)]
-    found = [importlib.import_module(module).DECLARATION for module in modules]
-    return {declaration.name: declaration for declaration in sorted(found, key=lambda found: found.name)}
+    found = sorted(map(_declared, modules), key=lambda declaration: declaration.name)
+    return {declaration.name: declaration for declaration in found}
+
+
+def _declared(module: str) -> Declaration:
+    """The ``DECLARATION`` of ``module``; ConfigError naming it where it has none."""
+    declaration = getattr(importlib.import_module(module), "DECLARATION", None)
+    if not isinstance(declaration, Declaration):
+        raise ConfigError(f"module {module} declares no method: a method's package sets DECLARATION = "
+                          "Declaration(...) (dpsynth.methods.declaration)")
+    return declaration
 
 
 class MethodRegistry(Mapping[str, "type[Method]"]):
