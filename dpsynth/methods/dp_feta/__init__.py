@@ -1,6 +1,4 @@
 """DP-FETA (Li et al.): DP central images warm up the diffusion model, then DP-SGD fine-tunes it."""
-from __future__ import annotations
-
 from ...diffusion.settings import SMOKE_UNET
 from ..declaration import INIT_FROM, Declaration, Paper
 

@@ -1,7 +1,5 @@
 """DP-ImgSyn (Soufleri et al.): public images aligned to a DP teacher's DP batch statistics, released with the
 teacher's soft labels; a non-generative method."""
-from __future__ import annotations
-
 from ..declaration import Declaration, Paper
 
 DECLARATION = Declaration(

@@ -1,6 +1,4 @@
 """DP-LDM (Lyu et al. 2023): DP-SGD on the latents of an autoencoder trained on public data, decoded at release."""
-from __future__ import annotations
-
 from ..declaration import INIT_FROM, Declaration, Paper
 from ..dpdm import DECLARATION as DPDM
 

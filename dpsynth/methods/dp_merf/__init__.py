@@ -1,7 +1,5 @@
 """DP-MERF (Harder et al. 2021): one release of noisy per-class mean random Fourier features, then a one-step
 generator fitted to them; its images are the release."""
-from __future__ import annotations
-
 from ..declaration import Declaration, Paper
 
 DECLARATION = Declaration(

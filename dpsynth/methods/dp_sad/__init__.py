@@ -1,7 +1,5 @@
 """DP-SAD (stochastic adversarial distillation): a student diffusion model distilled from a teacher, with a
 discriminator, one random time step per example and per-example clipping at the student's output."""
-from __future__ import annotations
-
 from ...diffusion.settings import SMOKE_UNET
 from ..declaration import INIT_FROM, Declaration, Paper
 

@@ -1,6 +1,4 @@
 """DPDM (Dockhorn et al. 2023): a diffusion model trained with DP-SGD; DP-FETA without its warm-up."""
-from __future__ import annotations
-
 from ...diffusion.settings import SMOKE_UNET
 from ..declaration import INIT_FROM, Declaration, Paper
 

@@ -1,6 +1,4 @@
 """FETA-Pro (Li et al.): spatial (central images) -> frequency (random Fourier features) -> DP-SGD curriculum."""
-from __future__ import annotations
-
 from ..declaration import INIT_FROM, Declaration, Paper
 from ..dp_feta import DECLARATION as DP_FETA
 

@@ -1,7 +1,5 @@
 """PDP-Diffusion (Ghalebikesabi et al. 2023): DPDM's DP-SGD fine-tuning a diffusion model pre-trained on public
 data (``dpsynth pretrain --for pdp-diffusion``); the pre-training reads no private data and costs no epsilon."""
-from __future__ import annotations
-
 from ..declaration import INIT_FROM, Declaration, Paper
 from ..dpdm import DECLARATION as DPDM
 

@@ -1,7 +1,5 @@
 """Private Evolution (Lin et al.): no training on private data; a foundation-model API evolves a population
 toward the private set, guided only by DP nearest-neighbour votes (Alg. 1-4)."""
-from __future__ import annotations
-
 from ..declaration import Declaration, Paper
 
 DECLARATION = Declaration(

@@ -1,7 +1,5 @@
 """PrivImage (Li et al. 2024): pre-train only on the public images whose classes the private data resembles, as a DP
 histogram of a public classifier's labels picks them, then DP-SGD as PDP-Diffusion."""
-from __future__ import annotations
-
 from ...diffusion.settings import SMOKE_UNET
 from ..declaration import INIT_FROM, Declaration, Paper
 
